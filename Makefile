@@ -1,0 +1,35 @@
+# The two README commands. Each brings .venv up to date with pyproject.toml first:
+# the stamp is keyed on the file's hash, so an unchanged project skips installation.
+PYTHON ?= python3.11
+VENV := .venv
+HASH := $(shell sha256sum pyproject.toml | cut -c1-16)
+STAMP := $(VENV)/.installed-$(HASH)
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export RAY_DATA_PARQUET_FOOTER_NUM_ACTORS ?= 1
+
+.PHONY: run test venv lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing offmeta into $(VENV) (pyproject.toml changed)"
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	# torch is pinned here (the CPU wheel on this machine's disk); the package keeps a range.
+	$(VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: venv
+	$(VENV)/bin/offmeta run --config flows/configs/point_robot.yaml
+
+test: venv
+	$(VENV)/bin/python -m pytest
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,40 @@
+"""The episode data contract: canonical columns, the validated schema, and its errors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DEFAULT_MODULE_ID = "default_policy"
+DEFAULT_TASK_ID = "default_task"
+
+REQUIRED_COLUMNS = ("eps_id", "t", "obs", "actions", "rewards", "terminateds", "truncateds")
+OPTIONAL_COLUMNS = ("new_obs", "task_id", "module_id")
+
+
+class DatasetError(ValueError):
+    """A dataset was refused: the message names the file, the column, what was found
+    and what was expected."""
+
+
+@dataclass(frozen=True)
+class EpisodeSchema:
+    """What ``read_episodes`` established about a dataset, in canonical column names."""
+
+    obs_shape: tuple[int, ...]
+    """Shape of one observation, e.g. ``(16,)``."""
+    action_shape: tuple[int, ...]
+    """Shape of one action; ``()`` for discrete actions."""
+    discrete_actions: bool
+    """True when ``actions`` is int64 (class indices), False for float32 tensors."""
+    eps_id_type: str
+    """``"string"`` or ``"int64"``."""
+    has_new_obs: bool = False
+    has_task_id: bool = False
+    """Without a ``task_id`` column every row belongs to ``DEFAULT_TASK_ID``."""
+    has_module_id: bool = False
+    """Without a ``module_id`` column every row belongs to ``DEFAULT_MODULE_ID``."""
+    extra_columns: tuple[str, ...] = ()
+    """Columns outside the contract, passed through when selected."""
+    column_map: Mapping[str, str] = field(default_factory=dict)
+    """Canonical name -> name on disk, for the columns that were renamed."""
