@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 run: venv
-	$(VENV)/bin/offmeta run --config flows/configs/point_robot.yaml
+	$(VENV)/bin/offmeta data validate data/samples/sinusoid/train data/samples/sinusoid/heldout \
+		data/samples/point_robot/train data/samples/point_robot/heldout
 
 test: venv
 	$(VENV)/bin/python -m pytest

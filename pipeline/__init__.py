@@ -12,7 +12,9 @@ from typing import Any
 _EXPORTS = {
     "DatasetError": "pipeline.schema",
     "EpisodeSchema": "pipeline.schema",
+    "DatasetInfo": "pipeline.dataset",
     "Episodes": "pipeline.dataset",
+    "inspect_episodes": "pipeline.dataset",
     "read_episodes": "pipeline.dataset",
     "LearnerStream": "pipeline.streams",
     "StreamStalledError": "pipeline.streams",

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Rebuild the committed sample datasets. Generation is deterministic, so running this on an
+# unchanged generator rewrites the same bytes (and the same fingerprints).
+set -euo pipefail
+cd "$(dirname "$0")"
+OFFMETA="${OFFMETA:-../../.venv/bin/offmeta}"
+rm -rf sinusoid/train sinusoid/heldout point_robot/train point_robot/heldout
+"$OFFMETA" data generate sinusoid --tasks 4000 --heldout-tasks 200 --seed 0 --out sinusoid
+"$OFFMETA" data generate point_robot --tasks 200 --heldout-tasks 50 --episodes-per-task 5 \
+    --seed 0 --out point_robot
+du -sh .

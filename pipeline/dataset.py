@@ -1,0 +1,231 @@
+"""Read an episode dataset: check it, fingerprint it, count it, then hand it to Ray Data.
+
+``inspect_episodes`` does everything that needs no Ray (footer checks, ``dataset.json``,
+fingerprint, episode/task/module counts); ``read_episodes`` adds the Ray Dataset, built
+only from files that passed. Columns arrive in canonical names and canonical types:
+observations and float actions as ``fixed_shape_tensor`` (so numpy batches are float32
+``[B, *shape]`` arrays, never object arrays) and ``t`` as int32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipeline.metadata import check_metadata, check_task_ids, load_metadata
+from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError, EpisodeSchema
+from pipeline.sources import METADATA_FILE, ResolvedSource, Source, resolve_source
+from pipeline.validation import build_schema, check_column_map, read_footers
+
+if TYPE_CHECKING:
+    import ray.data
+
+_HASH_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Everything established about a dataset without Ray."""
+
+    schema: EpisodeSchema
+    metadata: dict[str, Any]
+    """``dataset.json`` as parsed JSON; ``{}`` when the dataset has none."""
+    fingerprint: str
+    """sha256 hex digest of the files and ``dataset.json`` (see data/README.md)."""
+    files: tuple[str, ...]
+    """Sorted paths on ``filesystem``."""
+    num_rows: int
+    num_episodes: int
+    """Distinct ``eps_id`` values."""
+    task_ids: tuple[str, ...]
+    """Sorted distinct task ids; ``(DEFAULT_TASK_ID,)`` without a ``task_id`` column."""
+    module_ids: tuple[str, ...]
+    """Sorted distinct module ids; ``(DEFAULT_MODULE_ID,)`` without a ``module_id`` column."""
+    root: str
+    """Directory of ``dataset.json`` (the common directory of the files)."""
+    filesystem: pafs.FileSystem = field(repr=False, compare=False)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain-JSON description for logs, the CLI and artifact lineage."""
+        return {
+            "id": self.metadata.get("id"),
+            "split": self.metadata.get("split"),
+            "root": self.root,
+            "files": len(self.files),
+            "rows": self.num_rows,
+            "episodes": self.num_episodes,
+            "tasks": len(self.task_ids),
+            "modules": list(self.module_ids),
+            "obs_shape": list(self.schema.obs_shape),
+            "action_shape": list(self.schema.action_shape),
+            "discrete_actions": self.schema.discrete_actions,
+            "fingerprint": self.fingerprint,
+        }
+
+
+@dataclass(frozen=True)
+class Episodes(DatasetInfo):
+    """A validated dataset and its Ray Dataset, in canonical column names."""
+
+    dataset: ray.data.Dataset = field(repr=False, compare=False)
+
+
+def inspect_episodes(
+    source: Source,
+    *,
+    column_map: Mapping[str, str] | None = None,
+    filesystem: pafs.FileSystem | None = None,
+) -> DatasetInfo:
+    """Validate a dataset and describe it, reading footers, id columns and file bytes only.
+
+    Raises ``DatasetError`` naming the file, the column, what was found and what was
+    expected. ``column_map`` maps canonical names to names on disk.
+    """
+    mapping = check_column_map(column_map)
+    resolved = resolve_source(source, filesystem)
+    metadata, metadata_bytes = load_metadata(resolved)
+    facts = read_footers(resolved, mapping)
+    schema = build_schema(resolved, facts, mapping)
+    rows_per_file = {f.path: f.num_rows for f in facts}
+    if metadata is not None:
+        check_metadata(metadata, resolved, schema, rows_per_file)
+    num_episodes, task_ids, module_ids = _count_ids(resolved, schema)
+    if metadata is not None:
+        check_task_ids(metadata, resolved, task_ids)
+    return DatasetInfo(
+        schema=schema,
+        metadata=_json_document(metadata_bytes),
+        fingerprint=_fingerprint(resolved, metadata_bytes),
+        files=resolved.files,
+        num_rows=sum(rows_per_file.values()),
+        num_episodes=num_episodes,
+        task_ids=task_ids,
+        module_ids=module_ids,
+        root=resolved.root,
+        filesystem=resolved.filesystem,
+    )
+
+
+def read_episodes(
+    source: Source,
+    *,
+    column_map: Mapping[str, str] | None = None,
+    filesystem: pafs.FileSystem | None = None,
+) -> Episodes:
+    """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
+
+    The Ray Dataset reads exactly the validated files, renames columns to their canonical
+    names and normalises types; it starts Ray (or joins the running session) on first use.
+    """
+    import ray.data
+
+    info = inspect_episodes(source, column_map=column_map, filesystem=filesystem)
+    dataset = ray.data.read_parquet(
+        list(info.files),
+        filesystem=info.filesystem,
+        # Files are already chosen; Ray must neither drop nor add (hive partition) columns.
+        file_extensions=None,
+        partitioning=None,
+    )
+    renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
+    if renames:
+        dataset = dataset.rename_columns(renames)
+    if _needs_normalising(info):
+        dataset = dataset.map_batches(
+            _normalise_batch,
+            batch_format="pyarrow",
+            batch_size=None,
+            zero_copy_batch=True,
+        )
+    fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
+    return Episodes(**fields, dataset=dataset)
+
+
+def _needs_normalising(info: DatasetInfo) -> bool:
+    with info.filesystem.open_input_file(info.files[0]) as handle:
+        schema = pq.ParquetFile(handle).schema_arrow
+    on_disk = {c: info.schema.column_map.get(c, c) for c in ("t", "obs", "new_obs", "actions")}
+    types = {c: schema.field(n).type for c, n in on_disk.items() if n in schema.names}
+    return pa.types.is_int64(types["t"]) or any(
+        pa.types.is_fixed_size_list(t) for t in types.values()
+    )
+
+
+def _normalise_batch(batch: pa.Table) -> pa.Table:
+    """Zero-copy ``fixed_size_list`` -> ``fixed_shape_tensor`` (numpy batches of the former
+    are object arrays), and ``t`` int64 -> int32."""
+    for name in ("obs", "new_obs", "actions"):
+        if name not in batch.column_names:
+            continue
+        if pa.types.is_fixed_size_list(batch.schema.field(name).type):
+            column = batch.column(name).combine_chunks()
+            tensor_type = pa.fixed_shape_tensor(column.type.value_type, [column.type.list_size])
+            tensor = pa.ExtensionArray.from_storage(tensor_type, column)
+            batch = batch.set_column(batch.schema.get_field_index(name), name, tensor)
+    if pa.types.is_int64(batch.schema.field("t").type):
+        index = batch.schema.get_field_index("t")
+        batch = batch.set_column(index, "t", pc.cast(batch.column("t"), pa.int32()))
+    return batch
+
+
+def _count_ids(
+    resolved: ResolvedSource, schema: EpisodeSchema
+) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+    """Distinct episodes, tasks and modules, reading only those columns."""
+    canonical = ["eps_id"]
+    canonical += ["task_id"] if schema.has_task_id else []
+    canonical += ["module_id"] if schema.has_module_id else []
+    on_disk = [schema.column_map.get(c, c) for c in canonical]
+    seen: dict[str, set[Any]] = {c: set() for c in canonical}
+    for path in resolved.files:
+        try:
+            with resolved.filesystem.open_input_file(path) as handle:
+                table = pq.ParquetFile(handle).read(columns=on_disk)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DatasetError(
+                f"{path}: columns {', '.join(on_disk)} cannot be read ({_one_line(exc)}); expected "
+                "readable Parquet data behind a valid footer (is the file corrupted?)"
+            ) from None
+        for name, column in zip(canonical, table.columns, strict=True):
+            values = pc.unique(column)
+            if pa.types.is_dictionary(values.type):
+                values = values.dictionary_decode()
+            seen[name].update(values.to_pylist())
+    tasks = tuple(sorted(seen["task_id"])) if schema.has_task_id else (DEFAULT_TASK_ID,)
+    modules = tuple(sorted(seen["module_id"])) if schema.has_module_id else (DEFAULT_MODULE_ID,)
+    return len(seen["eps_id"]), tasks, modules
+
+
+def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> str:
+    """sha256 over the sorted ``relative path, size, sha256 of the bytes`` lines of every
+    file, then ``dataset.json``'s bytes: any changed byte changes it, renames too."""
+    entries = []
+    for path in resolved.files:
+        digest, size = hashlib.sha256(), 0
+        with resolved.filesystem.open_input_stream(path) as stream:
+            while chunk := stream.read(_HASH_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+        entries.append((resolved.relative(path), size, digest.hexdigest()))
+    total = hashlib.sha256()
+    for relative, size, digest in sorted(entries):
+        total.update(f"{relative}\t{size}\t{digest}\n".encode())
+    if metadata_bytes:
+        total.update(f"{METADATA_FILE}\t{len(metadata_bytes)}\t".encode() + metadata_bytes)
+    return total.hexdigest()
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def _json_document(raw: bytes) -> dict[str, Any]:
+    return json.loads(raw) if raw else {}

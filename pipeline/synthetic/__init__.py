@@ -1,0 +1,26 @@
+"""Synthetic task families, their datasets, and the point-robot environment.
+
+``GENERATORS`` maps a generator name (as used by ``offmeta data generate NAME``) to its
+task family; ``generate`` writes a family's train and held-out splits.
+"""
+
+from __future__ import annotations
+
+from pipeline.synthetic.generate import ROW_GROUP_SIZE, ROWS_PER_FILE, TaskFamily, generate
+from pipeline.synthetic.point_robot_episodes import PointRobotTasks
+from pipeline.synthetic.sinusoid import SinusoidTasks
+
+GENERATORS: dict[str, type[TaskFamily]] = {
+    SinusoidTasks.name: SinusoidTasks,
+    PointRobotTasks.name: PointRobotTasks,
+}
+
+__all__ = [
+    "GENERATORS",
+    "ROWS_PER_FILE",
+    "ROW_GROUP_SIZE",
+    "PointRobotTasks",
+    "SinusoidTasks",
+    "TaskFamily",
+    "generate",
+]
