@@ -1,1 +1,77 @@
+"""Functional meta-learners in pure torch: parameter dicts, the differentiable inner learner,
+the meta learner (MAML, first-order MAML, Meta-SGD), losses, models and the metrics logger.
 
+Imports nothing from Ray, Prefect or `pipeline`; batches are plain dicts of tensors.
+"""
+
+from learners.config import (
+    DEFAULT_MODULE_ID,
+    InnerConfig,
+    MetaConfig,
+    ModelConfig,
+    ModuleSpec,
+    OuterConfig,
+)
+from learners.differentiable import DifferentiableLearner, NonFiniteGradientError, UpdateResult
+from learners.inner_optim import InnerOptimizer, global_norm, init_log_lrs, lrs_from_log
+from learners.losses import (
+    LOSSES,
+    LossFn,
+    cross_entropy_loss,
+    gaussian_nll_loss,
+    mse_loss,
+    resolve_loss,
+)
+from learners.meta import MetaGradients, MetaLearner
+from learners.meta_batch import MetaBatch, check_meta_batch, task_slice
+from learners.metrics import MetricsLogger, merge_reduced
+from learners.models import MLP, GaussianMLP, build_model, build_models
+from learners.params import (
+    Batch,
+    Params,
+    buffers_from_modules,
+    detach_params,
+    params_from_modules,
+)
+from learners.training import HISTORY_METRICS, History, run_meta_training
+
+__all__ = [
+    "DEFAULT_MODULE_ID",
+    "HISTORY_METRICS",
+    "LOSSES",
+    "MLP",
+    "Batch",
+    "DifferentiableLearner",
+    "GaussianMLP",
+    "History",
+    "InnerConfig",
+    "InnerOptimizer",
+    "LossFn",
+    "MetaBatch",
+    "MetaConfig",
+    "MetaGradients",
+    "MetaLearner",
+    "MetricsLogger",
+    "ModelConfig",
+    "ModuleSpec",
+    "NonFiniteGradientError",
+    "OuterConfig",
+    "Params",
+    "UpdateResult",
+    "buffers_from_modules",
+    "build_model",
+    "build_models",
+    "check_meta_batch",
+    "cross_entropy_loss",
+    "detach_params",
+    "gaussian_nll_loss",
+    "global_norm",
+    "init_log_lrs",
+    "lrs_from_log",
+    "merge_reduced",
+    "mse_loss",
+    "params_from_modules",
+    "resolve_loss",
+    "run_meta_training",
+    "task_slice",
+]

@@ -21,6 +21,20 @@ if not os.environ["PREFECT_API_DATABASE_CONNECTION_URL"]:
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: on the 2-core machine, two threads per process (with Ray
+    workers beside them) make small meta-steps 10-20x slower, not faster."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """One local Ray instance shared by every test that needs it; always shut down."""

@@ -1,0 +1,249 @@
+"""Typed configuration of the learners: one pydantic model per concern, every field documented.
+
+`MetaConfig` is the whole learner (it is saved inside every learner state and nests in the
+flow's run config); `InnerConfig` alone configures a `DifferentiableLearner`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_MODULE_ID = "default_policy"
+
+_STRICT = ConfigDict(extra="forbid")
+
+# Which head each built-in loss can train; user losses ("package.module:function") accept any.
+_LOSS_HEADS = {
+    "mse": ("deterministic", "gaussian"),
+    "gaussian_nll": ("gaussian",),
+    "cross_entropy": ("categorical",),
+}
+
+
+class ModelConfig(BaseModel):
+    """A multi-layer perceptron from flattened observations to the head's outputs."""
+
+    model_config = _STRICT
+
+    hidden_sizes: tuple[int, ...] = Field(
+        (40, 40), description="Width of each hidden layer, input side first; () is linear."
+    )
+    activation: Literal["relu", "tanh", "gelu", "elu", "silu"] = Field(
+        "relu", description="Non-linearity after every hidden layer."
+    )
+    head: Literal["deterministic", "gaussian", "categorical"] = Field(
+        "deterministic",
+        description=(
+            "deterministic: one output per action dimension (regression, MSE cloning); "
+            "gaussian: mean per action dimension plus a learned state-independent log-std; "
+            "categorical: one logit per discrete action."
+        ),
+    )
+    log_std_init: float = Field(0.0, description="Initial log standard deviation (gaussian head).")
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _positive_widths(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        if any(size < 1 for size in sizes):
+            raise ValueError(f"every hidden size must be >= 1, got {list(sizes)}")
+        return sizes
+
+
+class ModuleSpec(BaseModel):
+    """One trainable module (policy, agent or regressor): its sizes, model and loss."""
+
+    model_config = _STRICT
+
+    obs_dim: int = Field(ge=1, description="Observation size after flattening each row.")
+    action_dim: int = Field(
+        ge=1,
+        description="Continuous heads: action (target) size; categorical head: number of actions.",
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The module's network.")
+    loss: str = Field(
+        "mse",
+        description=(
+            "Built-in loss (mse, gaussian_nll, cross_entropy) or a user function given as "
+            "'package.module:function' taking (outputs, batch_for_module) -> scalar tensor."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _loss_fits_head(self) -> ModuleSpec:
+        heads = _LOSS_HEADS.get(self.loss)
+        if heads is None and ":" not in self.loss:
+            raise ValueError(
+                f"unknown loss {self.loss!r}: expected one of {sorted(_LOSS_HEADS)} "
+                "or a user function written 'package.module:function'"
+            )
+        if heads is not None and self.model.head not in heads:
+            raise ValueError(
+                f"loss {self.loss!r} cannot train a {self.model.head!r} head; "
+                f"use head {' or '.join(repr(h) for h in heads)}"
+            )
+        return self
+
+
+class InnerConfig(BaseModel):
+    """The inner (task-adaptation) update rule, shared by training, `adapt` and `evaluate`."""
+
+    model_config = _STRICT
+
+    lr: float = Field(0.01, gt=0, description="Inner learning rate (initial value if learned).")
+    steps: int = Field(1, ge=1, description="Inner steps per minibatch.")
+    optimizer: Literal["sgd", "momentum", "adam"] = Field(
+        "sgd", description="Functional, differentiable inner optimizer."
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="Heavy-ball coefficient (momentum).")
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="Adam decay rates of the first and second moments."
+    )
+    eps: float = Field(1e-8, gt=0, description="Adam denominator term.")
+    eps_root: float = Field(
+        1e-16,
+        ge=0,
+        description=(
+            "Added under Adam's square root so that its derivative stays finite where a "
+            "gradient is exactly zero (second-order meta-gradients would be NaN otherwise)."
+        ),
+    )
+    first_order: bool = Field(
+        False, description="Detach inner gradients (first-order MAML); set by the algorithm."
+    )
+    learned_lr: Literal["none", "scalar", "tensor", "element"] = Field(
+        "none",
+        description=(
+            "Meta-learned inner learning rates, kept in log space: one per module (scalar), "
+            "per parameter tensor (tensor) or per parameter element (element). Set by the "
+            "algorithm; the inner learner receives them through `update(..., lrs=...)`."
+        ),
+    )
+    clip_norm: float | None = Field(
+        None, gt=0, description="Clip each module's inner gradient to this global norm."
+    )
+    nonfinite: Literal["error", "skip", "zero"] = Field(
+        "error",
+        description=(
+            "Non-finite inner gradient: error raises NonFiniteGradientError; skip leaves that "
+            "module's parameters and optimizer state exactly as they were; zero replaces the "
+            "non-finite entries by 0 and steps."
+        ),
+    )
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= beta < 1 for beta in betas):
+            raise ValueError(f"both betas must lie in [0, 1), got {list(betas)}")
+        return betas
+
+
+class OuterConfig(BaseModel):
+    """The outer (meta) optimizer over meta-parameters and learned learning rates."""
+
+    model_config = _STRICT
+
+    optimizer: Literal["adam", "sgd"] = Field("adam", description="torch.optim optimizer.")
+    lr: float = Field(1e-3, gt=0, description="Outer learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty of the outer optimizer.")
+    clip_norm: float | None = Field(
+        None, gt=0, description="Clip the meta-gradient to this global norm before stepping."
+    )
+    nonfinite: Literal["error", "skip"] = Field(
+        "error",
+        description=(
+            "Non-finite meta-gradient: error raises NonFiniteGradientError; skip leaves the "
+            "meta-parameters, the optimizer and weights_seq_no unchanged."
+        ),
+    )
+
+
+# The inner flags each algorithm implies: (first_order, allowed learned_lr values, default).
+_ALGORITHMS = {
+    "maml": (False, ("none",), "none"),
+    "fomaml": (True, ("none",), "none"),
+    "metasgd": (None, ("scalar", "tensor", "element"), "element"),
+}
+
+
+class MetaConfig(BaseModel):
+    """A meta-learner: its modules, the inner rule, the outer optimizer and how tasks run."""
+
+    model_config = _STRICT
+
+    algorithm: Literal["maml", "fomaml", "metasgd"] = Field(
+        "maml",
+        description=(
+            "maml: second-order MAML; fomaml: first-order MAML (inner.first_order=True); "
+            "metasgd: meta-trained inner learning rates (inner.learned_lr, default 'element')."
+        ),
+    )
+    modules: dict[str, ModuleSpec] = Field(
+        default_factory=lambda: {DEFAULT_MODULE_ID: ModuleSpec(obs_dim=1, action_dim=1)},
+        description="Module id -> spec; each module is its own model with its own loss.",
+    )
+    modules_to_update: list[str] | None = Field(
+        None, description="Modules meta-trained (default: all); the others stay unchanged."
+    )
+    inner: InnerConfig = Field(default_factory=InnerConfig, description="Inner update rule.")
+    outer: OuterConfig = Field(default_factory=OuterConfig, description="Outer optimizer.")
+    vectorize: Literal["vmap", "loop"] = Field(
+        "vmap", description="vmap over the task dimension (fast) or a per-task loop (fallback)."
+    )
+    dtype: Literal["float32", "float64"] = Field("float32", description="Parameter dtype.")
+    seed: int = Field(0, ge=0, description="Seed of the model initialisation.")
+
+    @field_validator("modules")
+    @classmethod
+    def _module_ids(cls, modules: dict[str, ModuleSpec]) -> dict[str, ModuleSpec]:
+        if not modules:
+            raise ValueError("at least one module is required")
+        for module_id in modules:
+            if not module_id or "/" in module_id:
+                raise ValueError(
+                    f"module id {module_id!r} must be non-empty and contain no '/' "
+                    "(it names checkpoint entries and metric keys)"
+                )
+        return modules
+
+    @model_validator(mode="after")
+    def _resolve(self) -> MetaConfig:
+        if self.modules_to_update is not None:
+            unknown = [m for m in self.modules_to_update if m not in self.modules]
+            if unknown or not self.modules_to_update:
+                raise ValueError(
+                    f"modules_to_update {self.modules_to_update} must name at least one of "
+                    f"the modules {sorted(self.modules)}; unknown: {unknown}"
+                )
+        first_order, allowed_lrs, default_lr = _ALGORITHMS[self.algorithm]
+        given = self.inner.model_fields_set
+        update: dict[str, object] = {}
+        if first_order is not None:
+            if "first_order" in given and self.inner.first_order != first_order:
+                raise ValueError(
+                    f"algorithm {self.algorithm!r} sets inner.first_order={first_order}; "
+                    f"choose {'fomaml' if first_order is False else 'maml'} instead, "
+                    "or drop inner.first_order"
+                )
+            update["first_order"] = first_order
+        if "learned_lr" not in given:
+            update["learned_lr"] = default_lr
+        elif self.inner.learned_lr not in allowed_lrs:
+            hint = "use algorithm 'metasgd'" if self.algorithm != "metasgd" else "pick one"
+            raise ValueError(
+                f"algorithm {self.algorithm!r} needs inner.learned_lr in {list(allowed_lrs)}, "
+                f"got {self.inner.learned_lr!r}; {hint}"
+            )
+        if update:
+            self.inner = self.inner.model_copy(update=update)
+        return self
+
+    @property
+    def trained_modules(self) -> list[str]:
+        """Module ids meta-trained, in the order of `modules`."""
+        chosen = self.modules_to_update
+        return [m for m in self.modules if chosen is None or m in chosen]

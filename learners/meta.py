@@ -1,0 +1,399 @@
+"""The meta (outer) learner: MAML, first-order MAML and Meta-SGD over task meta-batches.
+
+One meta-step: for every task, adapt the meta-parameters on its support set with the inner
+rule (`DifferentiableLearner.update`), take the loss of the adapted parameters on its query
+set, average over tasks, back-propagate into the meta-parameters (and learned learning
+rates) and step the outer torch optimizer. Tasks run under `torch.func.vmap` by default; the
+per-task loop computes the same gradient and serves as fallback and reference.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from learners.config import MetaConfig
+from learners.differentiable import (
+    DifferentiableLearner,
+    NonFiniteGradientError,
+    raise_on_nonfinite,
+)
+from learners.inner_optim import init_log_lrs, lrs_from_log
+from learners.losses import resolve_loss
+from learners.meta_batch import MetaBatch, check_meta_batch, task_slice
+from learners.metrics import MetricsLogger
+from learners.models import build_models
+from learners.params import (
+    Batch,
+    Params,
+    buffers_from_modules,
+    detach_params,
+    params_from_modules,
+    to_device,
+)
+
+STATE_FORMAT = 1
+# Step metrics logged as sums of events per reporting period, and those not logged at all
+# (num_tasks goes to throughput and lifetime counters; weights_seq_no lives in the state).
+_COUNTED = ("inner_nonfinite_tasks", "outer_skipped")
+_NOT_LOGGED = ("num_tasks", "weights_seq_no")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class MetaGradients(NamedTuple):
+    """Meta-gradients, shaped like the meta-parameters and the learned log learning rates."""
+
+    params: Params
+    log_lrs: dict[str, Tensor]
+
+    def tensors(self) -> list[Tensor]:
+        """Every gradient in the learner's canonical order (e.g. for an all-reduce)."""
+        flat = [g for named in self.params.values() for g in named.values()]
+        return flat + list(self.log_lrs.values())
+
+
+class MetaLearner:
+    """A meta-learner built from a `MetaConfig` (or its dict), optionally around user models.
+
+    `models` replace the networks the config would build (same module ids); they give the
+    forward structure and the initial parameters, and are never modified. `metrics` is the
+    logger (or a `scope` of a shared one) this learner writes to.
+    """
+
+    def __init__(
+        self,
+        config: MetaConfig | Mapping[str, Any],
+        *,
+        models: Mapping[str, nn.Module] | None = None,
+        device: torch.device | str | None = None,
+        metrics: MetricsLogger | None = None,
+    ) -> None:
+        self.config = (
+            config if isinstance(config, MetaConfig) else MetaConfig.model_validate(config)
+        )
+        cfg = self.config
+        self.device = torch.device(device if device is not None else "cpu")
+        if models is None:
+            models = build_models(cfg.modules, cfg.seed)
+        elif sorted(models) != sorted(cfg.modules):
+            raise ValueError(
+                f"models {sorted(models)} must match config.modules {sorted(cfg.modules)}"
+            )
+        self._models = dict(models)
+        self._trained = cfg.trained_modules
+        dtype = _DTYPES[cfg.dtype]
+        self._params = to_device(params_from_modules(self._models), self.device, dtype)
+        for module_id, named in self._params.items():
+            for p in named.values():
+                p.requires_grad_(module_id in self._trained)
+        self._buffers = to_device(buffers_from_modules(self._models), self.device, dtype)
+        losses = {m: resolve_loss(cfg.modules[m].loss) for m in self._trained}
+        self.inner = DifferentiableLearner(
+            self._models, cfg.inner, losses, buffers=self._buffers, modules_to_update=self._trained
+        )
+        self._log_lrs = init_log_lrs(
+            self._params, cfg.inner.learned_lr, cfg.inner.lr, self._trained
+        )
+        for log_lr in self._log_lrs.values():
+            log_lr.requires_grad_(True)
+        self._leaves = [p for m in self._trained for p in self._params[m].values()]
+        self._leaves += list(self._log_lrs.values())
+        self._optimizer = _outer_optimizer(cfg, self._leaves)
+        self.metrics = metrics if metrics is not None else MetricsLogger()
+        self.weights_seq_no = 0
+        self._vmapped_task = torch.func.vmap(
+            self._task_objective, in_dims=(None, None, 0, 0), randomness="different"
+        )
+
+    @property
+    def meta_params(self) -> Params:
+        """The live meta-parameters (read them, do not write them)."""
+        return self._params
+
+    @property
+    def log_lrs(self) -> dict[str, Tensor]:
+        """The live learned log learning rates (empty unless Meta-SGD)."""
+        return self._log_lrs
+
+    def step(self, meta_batch: MetaBatch) -> dict[str, Tensor | int]:
+        """One meta-step: `compute_meta_gradients` then `apply_meta_gradients`, logged.
+
+        Returns 0-d detached tensors (call `float()` when needed; no device sync here) and
+        `weights_seq_no`.
+        """
+        grads, metrics = self.compute_meta_gradients(meta_batch)
+        metrics.update(self.apply_meta_gradients(grads))
+        for key, value in metrics.items():
+            if key in _COUNTED:
+                self.metrics.log(key, value, reduce="sum")
+            elif key not in _NOT_LOGGED:
+                self.metrics.log(key, value)
+        self.metrics.log("num_tasks_trained", metrics["num_tasks"], reduce="throughput")
+        self.metrics.log("num_tasks_trained_lifetime", metrics["num_tasks"], reduce="lifetime_sum")
+        return metrics
+
+    def compute_meta_gradients(self, meta_batch: MetaBatch) -> tuple[MetaGradients, dict]:
+        """Meta-gradients of the mean query loss over the meta-batch's tasks, without stepping.
+
+        Workers of a data-parallel run each call this on their shard, average the gradients
+        (`MetaGradients.tensors()`), and call `apply_meta_gradients`.
+        """
+        support, query, num_tasks = check_meta_batch(meta_batch, self._trained)
+        for leaf in self._leaves:
+            leaf.grad = None
+        if self.config.vectorize == "vmap":
+            totals, aux = self._vmapped_task(self._params, self._log_lrs, support, query)
+            if self.config.inner.nonfinite == "error":
+                flagged = {m: {"nonfinite": a[:, 3] > 0} for m, a in aux.items()}
+                raise_on_nonfinite(flagged, f"met in {{count}} of {num_tasks} tasks")
+            totals.mean().backward()
+        else:
+            per_task = []
+            for index in range(num_tasks):
+                total, task_aux = self._task_objective(
+                    self._params,
+                    self._log_lrs,
+                    task_slice(support, index),
+                    task_slice(query, index),
+                )
+                (total / num_tasks).backward()
+                per_task.append(task_aux)
+            aux = {m: torch.stack([a[m] for a in per_task]) for m in per_task[0]}
+        grads = MetaGradients(
+            {m: {n: _grad_of(p) for n, p in self._params[m].items()} for m in self._trained},
+            {k: _grad_of(v) for k, v in self._log_lrs.items()},
+        )
+        return grads, self._task_metrics(aux, num_tasks)
+
+    def apply_meta_gradients(self, grads: MetaGradients) -> dict[str, Tensor | int]:
+        """Clip and apply meta-gradients with the outer optimizer; `weights_seq_no += 1`.
+
+        A non-finite meta-gradient raises (outer.nonfinite='error') or leaves everything
+        unchanged (outer.nonfinite='skip', reported as outer_skipped=1).
+        """
+        flat = grads.tensors()
+        if len(flat) != len(self._leaves):
+            raise ValueError(f"expected {len(self._leaves)} gradients, got {len(flat)}")
+        for leaf, grad in zip(self._leaves, flat, strict=True):
+            if grad.shape != leaf.shape:
+                raise ValueError(f"gradient shape {tuple(grad.shape)} != {tuple(leaf.shape)}")
+            leaf.grad = grad
+        outer = self.config.outer
+        if outer.clip_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self._leaves, outer.clip_norm)
+        else:
+            norm = torch.nn.utils.get_total_norm(flat)
+        skipped = not bool(torch.isfinite(norm))
+        if skipped and outer.nonfinite == "error":
+            raise NonFiniteGradientError(
+                f"non-finite meta-gradient (norm {float(norm)}) at weights_seq_no "
+                f"{self.weights_seq_no}; set outer.clip_norm, lower the learning rates, "
+                "or choose outer.nonfinite='skip'"
+            )
+        if not skipped:
+            self._optimizer.step()
+            self.weights_seq_no += 1
+        metrics: dict[str, Tensor | int] = {
+            "grad_norm": norm.detach(),
+            "outer_skipped": int(skipped),
+        }
+        metrics.update(self._lr_stats())
+        metrics["weights_seq_no"] = self.weights_seq_no
+        return metrics
+
+    def adapt(self, params: Params | None, support: Batch, steps: int | None = None) -> Params:
+        """Parameters adapted to one task's `support` batch (no task dimension) with exactly
+        the training inner rule and the current learned learning rates; `params=None` means
+        the meta-parameters and `steps=None` the training steps. The result carries no graph
+        to the meta-parameters."""
+        params = self._params if params is None else params
+        steps = self.config.inner.steps if steps is None else steps
+        if steps == 0:
+            return detach_params(params)
+        with torch.no_grad():
+            result = self.inner.update(params, support, lrs=self._current_lrs(), steps=steps)
+        return detach_params(result.params)
+
+    def evaluate(
+        self, meta_batch: MetaBatch, steps: Iterable[int] = (0, 1, 5, 10)
+    ) -> dict[int, float]:
+        """Mean query loss over tasks after adapting on support for each number of `steps`.
+
+        No gradient reaches the meta-parameters (adaptation differentiates only the
+        adapted copies).
+        """
+        wanted = sorted(set(steps))
+        if not wanted or wanted[0] < 0:
+            raise ValueError(f"steps must be non-negative integers, got {list(steps)}")
+        support, query, num_tasks = check_meta_batch(meta_batch, self._trained)
+        params = detach_params(self._params)
+        lrs = self._current_lrs()
+        with torch.no_grad():
+            if self.config.vectorize == "vmap":
+                run = torch.func.vmap(
+                    lambda s, q: self._adapt_curve(params, lrs, s, q, wanted),
+                    randomness="different",
+                )
+                curves = run(support, query)
+            else:
+                curves = torch.stack(
+                    [
+                        self._adapt_curve(
+                            params, lrs, task_slice(support, i), task_slice(query, i), wanted
+                        )
+                        for i in range(num_tasks)
+                    ]
+                )
+        return dict(zip(wanted, curves.mean(0).tolist(), strict=True))
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to rebuild this learner and continue exactly (`from_state`)."""
+        rng: dict[str, Tensor] = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "format": STATE_FORMAT,
+            "config": self.config.model_dump(mode="json"),
+            "params": {
+                m: {n: p.detach().clone() for n, p in named.items()}
+                for m, named in self._params.items()
+            },
+            "buffers": {
+                m: {n: b.clone() for n, b in named.items()} for m, named in self._buffers.items()
+            },
+            "log_lrs": {k: v.detach().clone() for k, v in self._log_lrs.items()},
+            "optimizer": copy.deepcopy(self._optimizer.state_dict()),
+            "rng": rng,
+            "weights_seq_no": self.weights_seq_no,
+            "metrics": self.metrics.get_state(),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Load a `get_state()` result taken from a learner with the same config."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"learner state format {state.get('format')!r}, expected {STATE_FORMAT}"
+            )
+        mine = self.config.model_dump(mode="json")
+        if state["config"] != mine:
+            differing = sorted(k for k in mine if mine.get(k) != state["config"].get(k))
+            raise ValueError(
+                f"the state was saved with a different config (differs in {differing})"
+            )
+        with torch.no_grad():
+            for module_id, named in self._params.items():
+                for name, p in named.items():
+                    p.copy_(state["params"][module_id][name])
+            for key, log_lr in self._log_lrs.items():
+                log_lr.copy_(state["log_lrs"][key])
+            for module_id, named in self._buffers.items():
+                for name, b in named.items():
+                    b.copy_(state["buffers"][module_id][name])
+        self._optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        self.weights_seq_no = int(state["weights_seq_no"])
+        self.metrics.set_state(state["metrics"])
+
+    @classmethod
+    def from_state(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        models: Mapping[str, nn.Module] | None = None,
+        device: torch.device | str | None = None,
+        metrics: MetricsLogger | None = None,
+    ) -> MetaLearner:
+        """A learner rebuilt from `get_state()` alone (pass `models` if it was built with some)."""
+        learner = cls(state["config"], models=models, device=device, metrics=metrics)
+        learner.set_state(state)
+        return learner
+
+    def _current_lrs(self) -> Params | None:
+        if not self._log_lrs:
+            return None
+        detached = {key: log_lr.detach() for key, log_lr in self._log_lrs.items()}
+        return lrs_from_log(detached, self._params, self.config.inner.learned_lr)
+
+    def _task_objective(
+        self, params: Params, log_lrs: dict[str, Tensor], support: Batch, query: Batch
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        lrs = lrs_from_log(log_lrs, params, self.config.inner.learned_lr) if log_lrs else None
+        result = self.inner.update(params, support, lrs=lrs)
+        query_losses = self.inner.compute_losses(result.params, query)
+        with torch.no_grad():
+            after = self.inner.compute_losses(detach_params(result.params), support)
+        aux = {
+            m: torch.stack(
+                [
+                    query_losses[m].detach(),
+                    result.metrics[m]["loss_before"],
+                    after[m],
+                    result.metrics[m]["nonfinite"],
+                ]
+            )
+            for m in query_losses
+        }
+        return torch.stack(list(query_losses.values())).sum(), aux
+
+    def _adapt_curve(
+        self, params: Params, lrs: Params | None, support: Batch, query: Batch, steps: list[int]
+    ) -> Tensor:
+        losses, state, done = [], None, 0
+        for target in steps:
+            if target > done:
+                result = self.inner.update(
+                    params, support, opt_state=state, lrs=lrs, steps=target - done
+                )
+                params, state, done = result.params, result.opt_state, target
+            losses.append(
+                torch.stack(list(self.inner.compute_losses(params, query).values())).sum()
+            )
+        return torch.stack(losses)
+
+    def _task_metrics(self, aux: dict[str, Tensor], num_tasks: int) -> dict[str, Tensor | int]:
+        means = {m: a.mean(0) for m, a in aux.items()}
+        total = torch.stack(list(means.values())).sum(0)
+        metrics: dict[str, Tensor | int] = {
+            "query_loss": total[0],
+            "support_loss_before": total[1],
+            "support_loss_after": total[2],
+            "inner_nonfinite_tasks": torch.stack([(a[:, 3] > 0).sum() for a in aux.values()]).sum(),
+            "num_tasks": num_tasks,
+        }
+        if len(means) > 1:
+            for m, mean in means.items():
+                metrics[f"{m}/query_loss"] = mean[0]
+                metrics[f"{m}/support_loss_after"] = mean[2]
+        return metrics
+
+    def _lr_stats(self) -> dict[str, Tensor]:
+        if not self._log_lrs:
+            return {}
+        with torch.no_grad():
+            flat = torch.cat([v.reshape(-1) for v in self._log_lrs.values()]).exp()
+            return {
+                "inner_lr_mean": flat.mean(),
+                "inner_lr_min": flat.min(),
+                "inner_lr_max": flat.max(),
+            }
+
+
+def _grad_of(leaf: Tensor) -> Tensor:
+    return leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+
+
+def _outer_optimizer(config: MetaConfig, leaves: list[Tensor]) -> torch.optim.Optimizer:
+    outer = config.outer
+    if outer.optimizer == "adam":
+        return torch.optim.Adam(
+            leaves, lr=outer.lr, betas=outer.betas, weight_decay=outer.weight_decay
+        )
+    return torch.optim.SGD(
+        leaves, lr=outer.lr, momentum=outer.momentum, weight_decay=outer.weight_decay
+    )

@@ -1,0 +1,84 @@
+"""The meta-training loop: meta-batches in, meta-steps taken, metrics logged, checkpoints asked for.
+
+Pure torch: it takes any iterable of meta-batches (a ``LearnerStream.take(n)``, a list in a
+test) and two callbacks, so checkpoint storage, progress reporting and failure handling
+stay with the caller. Everything it keeps between iterations is the learner (whose
+``get_state`` covers parameters, optimizer, RNG and metrics) and the ``history`` the caller
+passes in and gets back, so a run resumed from a checkpoint continues exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from learners.meta import MetaLearner
+from learners.meta_batch import MetaBatch
+
+History = dict[str, list[float]]
+"""Metric name -> value at each logged iteration (``log_every`` apart, plus the last one)."""
+
+HISTORY_METRICS = (
+    "query_loss",
+    "support_loss_before",
+    "support_loss_after",
+    "grad_norm",
+    "inner_lr_mean",
+)
+"""Metrics kept in the learning curve: those that depend only on the data and the
+parameters (never on time), so a resumed run's history equals an uninterrupted one's."""
+
+OnLog = Callable[[int, dict[str, Any]], None]
+"""``on_log(iteration, reduced_metrics)``, after ``log_every`` iterations and the last one."""
+OnCheckpoint = Callable[[int, History], None]
+"""``on_checkpoint(iteration, history)``, after ``checkpoint_every`` iterations and the last
+one; the learner's state at that moment belongs with it."""
+
+
+def run_meta_training(
+    learner: MetaLearner,
+    meta_batches: Iterable[MetaBatch],
+    *,
+    start: int,
+    stop: int,
+    log_every: int,
+    checkpoint_every: int,
+    history: History | None = None,
+    on_log: OnLog | None = None,
+    on_checkpoint: OnCheckpoint | None = None,
+) -> History:
+    """Meta-steps ``start + 1 .. stop`` on the meta-batches, in order; returns the history.
+
+    ``meta_batches`` must hold at least ``stop - start`` meta-batches; only that many are
+    read. ``history`` is the one saved with the checkpoint taken at ``start`` (None when
+    starting fresh); it is extended, not copied.
+    """
+    for name, value in (("log_every", log_every), ("checkpoint_every", checkpoint_every)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if not 0 <= start <= stop:
+        raise ValueError(f"expected 0 <= start <= stop, got start={start}, stop={stop}")
+    history = {} if history is None else history
+    iteration = start
+    batches = iter(meta_batches)
+    while iteration < stop:
+        try:
+            meta_batch = next(batches)
+        except StopIteration:
+            raise ValueError(
+                f"meta_batches ran out after {iteration - start} meta-batches; "
+                f"expected {stop - start} (iterations {start + 1}..{stop})"
+            ) from None
+        learner.step(meta_batch)
+        iteration += 1
+        last = iteration == stop
+        if iteration % log_every == 0 or last:
+            reduced = learner.metrics.reduce()
+            for name in HISTORY_METRICS:
+                if name in reduced:
+                    history.setdefault(name, []).append(float(reduced[name]))
+            if on_log is not None:
+                on_log(iteration, reduced)
+        if on_checkpoint is not None and (iteration % checkpoint_every == 0 or last):
+            on_checkpoint(iteration, history)
+    return history

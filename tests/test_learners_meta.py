@@ -1,0 +1,312 @@
+"""MetaLearner: meta-gradients against finite differences, vmap against the loop, first-order
+against a hand-written reference, several modules, evaluation and adaptation, non-finite
+handling and the meta-batch boundary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from learners import MetaConfig, MetaLearner, NonFiniteGradientError, mse_loss
+
+F64 = torch.float64
+
+
+def _config(**overrides) -> dict:
+    module = {
+        "obs_dim": 1,
+        "action_dim": 1,
+        "model": {"hidden_sizes": [8, 8], "activation": "tanh"},
+    }
+    config = {"modules": {"m": module}, "dtype": "float64", "inner": {"lr": 0.1}}
+    config.update(overrides)
+    return config
+
+
+def _meta_batch(tasks=4, k=5, q=6, seed=0, mids=("m",), obs_dim=1, act_dim=1, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+
+    def part(rows):
+        return {
+            mid: {
+                "obs": torch.rand(tasks, rows, obs_dim, generator=g, dtype=dtype) * 4 - 2,
+                "actions": torch.randn(tasks, rows, act_dim, generator=g, dtype=dtype),
+            }
+            for mid in mids
+        }
+
+    return {"support": part(k), "query": part(q)}
+
+
+def _finite_difference(learner: MetaLearner, meta_batch, leaf: torch.Tensor, steps: int):
+    eps = 1e-6
+    flat = leaf.detach().view(-1)
+    estimate = torch.empty_like(flat)
+    for j in range(flat.numel()):
+        original = float(flat[j])
+        flat[j] = original + eps
+        plus = learner.evaluate(meta_batch, steps=(steps,))[steps]
+        flat[j] = original - eps
+        minus = learner.evaluate(meta_batch, steps=(steps,))[steps]
+        flat[j] = original
+        estimate[j] = (plus - minus) / (2 * eps)
+    return estimate.view_as(leaf)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("algorithm", ["maml", "metasgd"])
+def test_meta_gradient_matches_finite_differences_in_float64(algorithm, steps):
+    config = _config(algorithm=algorithm, inner={"lr": 0.1, "steps": steps})
+    config["modules"]["m"]["model"]["hidden_sizes"] = [6]
+    learner = MetaLearner(config)
+    with torch.no_grad():  # learning rates that differ per element exercise Meta-SGD fully
+        for log_lr in learner.log_lrs.values():
+            log_lr.add_(0.3 * torch.randn(log_lr.shape, dtype=F64))
+    meta_batch = _meta_batch(tasks=3)
+    grads, _ = learner.compute_meta_gradients(meta_batch)
+    pairs = [(learner.meta_params["m"][n], g) for n, g in grads.params["m"].items()]
+    pairs += [(learner.log_lrs[k], g) for k, g in grads.log_lrs.items()]
+    assert len(pairs) == (8 if algorithm == "metasgd" else 4)
+    for leaf, analytic in pairs:
+        numeric = _finite_difference(learner, meta_batch, leaf, steps)
+        torch.testing.assert_close(analytic, numeric, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"algorithm": "maml"},
+        {"algorithm": "fomaml"},
+        {"algorithm": "metasgd", "inner": {"lr": 0.05, "steps": 2}},
+        {"inner": {"optimizer": "adam", "steps": 3, "clip_norm": 0.5}},
+        {"inner": {"optimizer": "momentum", "steps": 2, "nonfinite": "skip"}},
+    ],
+)
+def test_vmap_equals_the_per_task_loop(overrides):
+    config = {**_config(dtype="float32"), **overrides}
+    vmapped, looped = MetaLearner(config), MetaLearner({**config, "vectorize": "loop"})
+    meta_batch = _meta_batch(tasks=5, dtype=torch.float32)
+    grads_v, metrics_v = vmapped.compute_meta_gradients(meta_batch)
+    grads_l, metrics_l = looped.compute_meta_gradients(meta_batch)
+    for a, b in zip(grads_v.tensors(), grads_l.tensors(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    for key in ("query_loss", "support_loss_before", "support_loss_after"):
+        torch.testing.assert_close(metrics_v[key], metrics_l[key], rtol=0, atol=1e-6)
+    assert vmapped.evaluate(meta_batch, (0, 2)) == pytest.approx(
+        looped.evaluate(meta_batch, (0, 2))
+    )
+
+
+def test_first_order_equals_second_order_with_detached_inner_gradients():
+    learner = MetaLearner(_config(algorithm="fomaml", inner={"lr": 0.1, "steps": 2}))
+    meta_batch = _meta_batch()
+    grads, _ = learner.compute_meta_gradients(meta_batch)
+    model = learner._models["m"]
+    leaves = {n: p.detach().clone().requires_grad_() for n, p in learner.meta_params["m"].items()}
+    support, query = meta_batch["support"]["m"], meta_batch["query"]["m"]
+    tasks = support["obs"].shape[0]
+    for i in range(tasks):
+        params = dict(leaves)
+        for _ in range(2):
+            outputs = torch.func.functional_call(model, params, (support["obs"][i],))
+            loss = mse_loss(outputs, {"actions": support["actions"][i]})
+            inner = torch.autograd.grad(loss, list(params.values()))  # no create_graph
+            params = {n: p - 0.1 * g for (n, p), g in zip(params.items(), inner, strict=True)}
+        outputs = torch.func.functional_call(model, params, (query["obs"][i],))
+        (mse_loss(outputs, {"actions": query["actions"][i]}) / tasks).backward()
+    for name, leaf in leaves.items():
+        torch.testing.assert_close(grads.params["m"][name], leaf.grad, rtol=1e-12, atol=1e-14)
+
+
+def _two_models():
+    torch.manual_seed(3)
+    return {mid: nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 1)) for mid in "ab"}
+
+
+def test_two_modules_each_get_their_own_meta_gradients():
+    models = _two_models()
+    spec = {"obs_dim": 1, "action_dim": 1}
+    joint = MetaLearner(_config(modules={"a": spec, "b": spec}), models=models)
+    meta_batch = _meta_batch(mids=("a", "b"))
+    grads, metrics = joint.compute_meta_gradients(meta_batch)
+    assert {"a/query_loss", "b/query_loss"} <= set(metrics)
+    for mid in "ab":
+        alone = MetaLearner(_config(modules={mid: spec}), models={mid: models[mid]})
+        single = {part: {mid: batch[mid]} for part, batch in meta_batch.items()}
+        expected, _ = alone.compute_meta_gradients(single)
+        for name, g in expected.params[mid].items():
+            torch.testing.assert_close(grads.params[mid][name], g, rtol=0, atol=1e-14)
+
+
+def test_modules_to_update_freezes_the_others():
+    models = _two_models()
+    spec = {"obs_dim": 1, "action_dim": 1}
+    learner = MetaLearner(
+        _config(modules={"a": spec, "b": spec}, modules_to_update=["a"]), models=models
+    )
+    frozen = {n: p.clone() for n, p in learner.meta_params["b"].items()}
+    learner.step(_meta_batch(mids=("a", "b")))
+    assert all(torch.equal(learner.meta_params["b"][n], p) for n, p in frozen.items())
+    assert set(learner.get_state()["params"]) == {"a", "b"}
+
+
+class _WithUnused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(1, 1)
+        self.unused = nn.Parameter(torch.ones(3))
+
+    def forward(self, obs):
+        return self.used(obs)
+
+
+def test_an_unused_parameter_is_neither_updated_nor_a_crash_and_the_module_stays_intact():
+    model = _WithUnused()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner = MetaLearner(_config(inner={"optimizer": "adam"}), models={"m": model})
+    for seed in range(3):
+        metrics = learner.step(_meta_batch(seed=seed))
+    assert metrics["weights_seq_no"] == 3
+    assert torch.equal(learner.meta_params["m"]["unused"], torch.ones(3, dtype=F64))
+    assert not torch.equal(learner.meta_params["m"]["used.weight"], before["used.weight"].double())
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_compute_then_apply_equals_step_and_averaged_shards_equal_the_whole():
+    stepped, split = MetaLearner(_config()), MetaLearner(_config())
+    meta_batch = _meta_batch(tasks=6)
+    stepped.step(meta_batch)
+    halves = [
+        {
+            p: {m: {c: t[s] for c, t in cols.items()} for m, cols in b.items()}
+            for p, b in meta_batch.items()
+        }
+        for s in (slice(0, 3), slice(3, 6))
+    ]
+    shard_grads = [split.compute_meta_gradients(h)[0] for h in halves]
+    averaged = [
+        (a + b) / 2 for a, b in zip(shard_grads[0].tensors(), shard_grads[1].tensors(), strict=True)
+    ]
+    rebuilt = type(shard_grads[0])(
+        {"m": dict(zip(split.meta_params["m"], averaged, strict=True))}, {}
+    )
+    split.apply_meta_gradients(rebuilt)
+    for name, p in stepped.meta_params["m"].items():
+        torch.testing.assert_close(split.meta_params["m"][name], p, rtol=0, atol=1e-12)
+    assert split.weights_seq_no == stepped.weights_seq_no == 1
+
+
+def test_adapt_and_evaluate_use_the_training_inner_rule_without_touching_meta_params():
+    learner = MetaLearner(_config(algorithm="metasgd", inner={"lr": 0.1, "steps": 2}))
+    meta_batch = _meta_batch(tasks=1)
+    trained_objective = float(learner.compute_meta_gradients(meta_batch)[1]["query_loss"])
+    for leaf in learner._leaves:
+        leaf.grad = None
+    curve = learner.evaluate(meta_batch, steps=(0, 2, 4))
+    assert curve[2] == pytest.approx(trained_objective, rel=1e-12)
+    support = {"m": {c: t[0] for c, t in meta_batch["support"]["m"].items()}}
+    query = {"m": {c: t[0] for c, t in meta_batch["query"]["m"].items()}}
+    for steps in (2, 4):
+        adapted = learner.adapt(None, support, steps=steps)
+        outputs = torch.func.functional_call(
+            learner._models["m"], adapted["m"], (query["m"]["obs"],)
+        )
+        assert float(mse_loss(outputs, query["m"])) == pytest.approx(curve[steps], rel=1e-12)
+        assert all(p.grad_fn is None for p in adapted["m"].values())
+    assert all(leaf.grad is None for leaf in learner._leaves)
+    unchanged = learner.adapt(None, support, steps=0)
+    assert all(torch.equal(unchanged["m"][n], p) for n, p in learner.meta_params["m"].items())
+    with pytest.raises(ValueError, match=r"steps must be non-negative integers, got \[-1\]"):
+        learner.evaluate(meta_batch, steps=(-1,))
+
+
+def test_step_reports_and_logs_metrics():
+    learner = MetaLearner(_config(algorithm="metasgd"))
+    metrics = learner.step(_meta_batch())
+    assert set(metrics) == {
+        "query_loss",
+        "support_loss_before",
+        "support_loss_after",
+        "inner_nonfinite_tasks",
+        "num_tasks",
+        "grad_norm",
+        "outer_skipped",
+        "inner_lr_mean",
+        "inner_lr_min",
+        "inner_lr_max",
+        "weights_seq_no",
+    }
+    assert float(metrics["support_loss_after"]) < float(metrics["support_loss_before"])
+    reduced = learner.metrics.reduce()
+    assert reduced["num_tasks_trained_lifetime"] == 4.0
+    assert reduced["query_loss"] == pytest.approx(float(metrics["query_loss"]))
+
+
+def _nan_in(meta_batch, part):
+    meta_batch[part]["m"]["actions"][1, 0, 0] = float("nan")
+    return meta_batch
+
+
+@pytest.mark.parametrize("vectorize", ["vmap", "loop"])
+def test_inner_nonfinite_error_is_raised_before_anything_changes(vectorize):
+    learner = MetaLearner(_config(vectorize=vectorize))
+    before = {n: p.clone() for n, p in learner.meta_params["m"].items()}
+    with pytest.raises(NonFiniteGradientError) as error:
+        learner.step(_nan_in(_meta_batch(), "support"))
+    where = {"vmap": "met in 1 of 4 tasks", "loop": "the updated parameters are non-finite"}
+    message = f"non-finite inner gradient for module 'm': {where[vectorize]};"
+    assert str(error.value).startswith(message)
+    assert learner.weights_seq_no == 0
+    assert all(torch.equal(learner.meta_params["m"][n], p) for n, p in before.items())
+
+
+def test_outer_nonfinite_policies():
+    meta_batch = _nan_in(_meta_batch(), "query")
+    raising = MetaLearner(_config())
+    with pytest.raises(NonFiniteGradientError) as error:
+        raising.step(meta_batch)
+    assert str(error.value) == (
+        "non-finite meta-gradient (norm nan) at weights_seq_no 0; set outer.clip_norm, lower "
+        "the learning rates, or choose outer.nonfinite='skip'"
+    )
+    skipping = MetaLearner(_config(outer={"nonfinite": "skip"}))
+    before = {n: p.clone() for n, p in skipping.meta_params["m"].items()}
+    metrics = skipping.step(meta_batch)
+    assert metrics["outer_skipped"] == 1 and metrics["weights_seq_no"] == 0
+    assert all(torch.equal(skipping.meta_params["m"][n], p) for n, p in before.items())
+    assert not skipping._optimizer.state
+
+
+def test_meta_batches_are_checked_at_the_boundary():
+    learner = MetaLearner(_config())
+    good = _meta_batch()
+    with pytest.raises(ValueError) as error:
+        learner.step({"support": good["support"]})
+    assert str(error.value) == "a meta-batch needs 'support' and 'query', it has ['support']"
+    uneven = _meta_batch()
+    uneven["query"]["m"]["actions"] = uneven["query"]["m"]["actions"][:3]
+    with pytest.raises(
+        ValueError, match=r"same number of tasks .*\"query\['m'\]\['actions'\]\": 3"
+    ):
+        learner.step(uneven)
+    flat = _meta_batch()
+    flat["support"]["m"]["obs"] = torch.zeros(4)
+    with pytest.raises(TypeError) as error:
+        learner.step(flat)
+    assert (
+        str(error.value)
+        == "support['m']['obs'] must be a tensor shaped [tasks, rows, ...], got (4,)"
+    )
+    with pytest.raises(ValueError, match=r"none of the trained \['m'\]"):
+        learner.step(_meta_batch(mids=("other",)))
+
+
+def test_config_is_accepted_as_a_dict_or_a_model():
+    assert MetaLearner(MetaConfig(**_config())).config == MetaLearner(_config()).config
+
+
+def test_user_models_must_match_the_configured_modules():
+    with pytest.raises(ValueError) as error:
+        MetaLearner(_config(), models=_two_models())
+    assert str(error.value) == "models ['a', 'b'] must match config.modules ['m']"
