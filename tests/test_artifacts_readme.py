@@ -28,4 +28,4 @@ def test_readme_artifact_store_example_runs(tmp_path, monkeypatch):
     namespace: dict[str, object] = {}
     for example in examples:
         exec(compile(example, str(README), "exec"), namespace)
-    assert (tmp_path / "artifacts" / "artifacts" / "sinusoid-maml" / "versions").is_dir()
+    assert (tmp_path / "artifacts" / "names" / "sinusoid-maml" / "versions").is_dir()

@@ -3,10 +3,10 @@
 ```
 ROOT/
   blobs/sha256/ab/abcdef...            content-addressed file contents, read-only
-  artifacts/NAME/versions/00000017.json  immutable manifest of version 17
-  artifacts/NAME/aliases/latest.json     alias -> version (replaced atomically)
-  artifacts/NAME/keys/<sha256(key)>.json idempotency key -> version
-  artifacts/NAME/.lock                   flock held while a version is claimed
+  names/NAME/versions/00000017.json  immutable manifest of version 17
+  names/NAME/aliases/latest.json     alias -> version (replaced atomically)
+  names/NAME/keys/<sha256(key)>.json idempotency key -> version
+  names/NAME/.lock                   flock held while a version is claimed
   tmp/                                   staged files before their atomic rename/link
   .gc.lock                               shared by writers, exclusive for gc
 ```
@@ -29,7 +29,7 @@ class Layout:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.blobs = root / "blobs" / "sha256"
-        self.artifacts = root / "artifacts"
+        self.artifacts = root / "names"
         self.tmp = root / "tmp"
         self.gc_lock = root / ".gc.lock"
 
