@@ -113,7 +113,7 @@ def test_manifest_records_everything_about_a_version(store, tmp_path):
     )
     manifest = store.get("maml")
     assert (ref.name, ref.version, ref.digest) == ("maml", 2, manifest.params_digest)
-    assert ref.uri == (store.root / "artifacts/maml/versions/00000002.json").as_uri()
+    assert ref.uri == (store.root / "names/maml/versions/00000002.json").as_uri()
     assert str(ref) == "maml:2" and manifest.spec == "maml:2"
     assert manifest.schema_version == 1
     assert manifest.created_at.utcoffset() is not None
