@@ -1,0 +1,346 @@
+"""LearnerStream throughput and memory, each against a baseline measured in the same run.
+
+Data: 16-float ``obs``, int64 ``actions``, two modules, written to a temporary directory
+as 10 Parquet files of ``--rows / 10`` rows (deleted afterwards). Minibatches of 512
+rows, two learners in threads. Ray is started (and its workers warmed) before timing.
+
+1. First epoch from disk, ``--rows`` rows (default 5M): LearnerStream rows/s divided by
+   pyarrow reading the same files, grouping rows per module once and slicing zero-copy
+   512-row torch minibatches (the practical limit; read time included for both).
+   Target >= 0.5.
+2. Steady epochs, ``--steady-rows`` rows (default 1M), both on the same materialized
+   dataset: LearnerStream rows/s divided by the reference approach, one persistent
+   ``iter_torch_batches(batch_size=512)`` per ``streaming_split`` split (RLlib's
+   ``MiniBatchRayDataIterator``), each 512-row batch grouped per module like ours
+   (module ids as integer codes, prepared outside the timing). Target >= 10.
+3. Peak RSS of a process streaming one epoch (2 learners, not materialized) of all
+   ``--rows`` rows divided by the same for one file (``--rows / 10``). Target <= 1.5.
+
+    .venv/bin/python bench/streams.py [--rows 5000000] [--steady-rows 1000000]
+
+Smaller runs for a quick look: ``--rows 500000 --steady-rows 200000`` (about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import itertools
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+MINIBATCH = 512
+LEARNERS = 2
+FILES = 10
+COLUMNS = ("obs", "actions", "rewards", "terminateds", "truncateds")
+MODULES = ("policy_a", "policy_b")
+
+
+def write_dataset(root: Path, rows: int) -> list[Path]:
+    """``FILES`` files of ``rows // FILES`` transitions each, episodes of 1000 steps."""
+    per_file = rows // FILES
+    rng = np.random.default_rng(0)
+    modules = pa.array(MODULES)
+    paths = []
+    for index in range(FILES):
+        ids = np.arange(index * per_file, (index + 1) * per_file)
+        table = pa.table(
+            {
+                "eps_id": pa.array(ids // 1000, pa.int64()),
+                "t": pa.array(ids % 1000, pa.int32()),
+                "obs": pa.FixedShapeTensorArray.from_numpy_ndarray(
+                    rng.standard_normal((per_file, 16), dtype=np.float32)
+                ),
+                "actions": pa.array(rng.integers(0, 4, per_file), pa.int64()),
+                "rewards": pa.array(rng.standard_normal(per_file, dtype=np.float32)),
+                "terminateds": pa.array(ids % 1000 == 999),
+                "truncateds": pa.array(np.zeros(per_file, bool)),
+                "module_id": pa.DictionaryArray.from_arrays(
+                    pa.array((ids // 7) % 2, pa.int32()), modules
+                ),
+            }
+        )
+        path = root / "all" / f"part-{index:05d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path, row_group_size=65_536)
+        paths.append(path)
+    return paths
+
+
+def subset(root: Path, name: str, paths: list[Path]) -> Path:
+    """A dataset directory holding hard links to ``paths`` (no copies)."""
+    directory = root / name
+    directory.mkdir()
+    for path in paths:
+        os.link(path, directory / path.name)
+    return directory
+
+
+def pyarrow_epoch(paths: list[Path]) -> tuple[int, float]:
+    """Rows and seconds: read, group per module once, slice zero-copy torch minibatches."""
+    from pipeline.batching import column_array, module_codes
+
+    start = time.perf_counter()
+    rows = 0
+    for path in paths:
+        table = pq.read_table(path, columns=[*COLUMNS, "module_id"])
+        codes, names = module_codes(table)
+        order = np.argsort(codes, kind="stable")
+        tensors = {c: torch.from_numpy(column_array(table, c)[order]) for c in COLUMNS}
+        bounds = np.searchsorted(codes[order], np.arange(len(names) + 1)).tolist()
+        for lo, hi in itertools.pairwise(bounds):
+            for first in range(lo, hi - MINIBATCH + 1, MINIBATCH):
+                batch = {c: t[first : first + MINIBATCH] for c, t in tensors.items()}
+                rows += len(batch["obs"])
+    return rows, time.perf_counter() - start
+
+
+def run_learners(streams: list, batches_per_learner: int) -> float:
+    """Seconds for every learner (one thread each) to take its batches."""
+    errors: list[BaseException] = []
+
+    def learn(stream) -> None:
+        try:
+            for _ in stream.take(batches_per_learner):
+                pass
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=learn, args=(s,)) for s in streams]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - start
+
+
+def reference_steady(dataset, epochs: int) -> tuple[int, float]:
+    """Rows and seconds of ``epochs`` epochs after a warm-up one, RLlib style: each
+    learner keeps one ``iter_torch_batches`` over its split and groups every batch per
+    module (as ``MiniBatchRayDataIterator`` builds a ``MultiAgentBatch``)."""
+    coded = dataset.map_batches(_module_code_column, batch_format="pyarrow").materialize()
+    splits = coded.streaming_split(LEARNERS, equal=True)
+    ready = threading.Barrier(LEARNERS + 1)
+    counts = [0] * LEARNERS
+
+    def learn(index: int) -> None:
+        batches = splits[index].iter_torch_batches(batch_size=MINIBATCH, drop_last=True)
+        for batch in batches:
+            _group_per_module(batch)
+        ready.wait()
+        for _ in range(epochs):
+            for batch in batches:
+                grouped = _group_per_module(batch)
+                counts[index] += sum(len(columns["obs"]) for columns in grouped.values())
+
+    threads = [threading.Thread(target=learn, args=(i,)) for i in range(LEARNERS)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return sum(counts), time.perf_counter() - start
+
+
+def _module_code_column(table: pa.Table) -> pa.Table:
+    from pipeline.batching import module_codes
+
+    codes, names = module_codes(table)
+    assert names == list(MODULES), names
+    table = table.select(list(COLUMNS))
+    return table.append_column("module", pa.array(codes.astype(np.int64)))
+
+
+def _group_per_module(batch: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    codes = batch.pop("module")
+    grouped = {}
+    for code, module in enumerate(MODULES):
+        mask = codes == code
+        grouped[module] = {name: tensor[mask] for name, tensor in batch.items()}
+    return grouped
+
+
+def stream_steady(episodes, epochs: int) -> tuple[int, float]:
+    from pipeline.streams import split_for_learners
+
+    streams = split_for_learners(episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0)
+    per_epoch = (episodes.num_rows // LEARNERS) // MINIBATCH
+    try:
+        run_learners(streams, per_epoch)
+        seconds = run_learners(streams, epochs * per_epoch)
+    finally:
+        for stream in streams:
+            stream.close()
+    return epochs * per_epoch * MINIBATCH * LEARNERS, seconds
+
+
+def ray_read_epoch(directory: Path) -> tuple[int, float]:
+    """Rows and seconds of ``read_episodes``' Ray Dataset alone (Ray's default Parquet
+    reader): 16K-row Arrow batches of the same columns, nothing else."""
+    from pipeline.dataset import read_episodes
+
+    dataset = read_episodes(directory).dataset.select_columns([*COLUMNS, "module_id"])
+    start = time.perf_counter()
+    rows = sum(
+        batch.num_rows for batch in dataset.iter_batches(batch_size=16384, batch_format="pyarrow")
+    )
+    return rows, time.perf_counter() - start
+
+
+def stream_first_epoch(directory: Path) -> tuple[int, float, float]:
+    """Rows, streaming seconds, and the seconds read_episodes spent validating."""
+    from pipeline.dataset import read_episodes
+    from pipeline.streams import split_for_learners
+
+    start = time.perf_counter()
+    episodes = read_episodes(directory)
+    validated = time.perf_counter() - start
+    streams = split_for_learners(episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0)
+    per_learner = (episodes.num_rows // LEARNERS) // MINIBATCH
+    try:
+        seconds = run_learners(streams, per_learner)
+    finally:
+        for stream in streams:
+            stream.close()
+    return per_learner * MINIBATCH * LEARNERS, seconds, validated
+
+
+def peak_rss_child(directory: Path) -> None:
+    """In a fresh process: stream one epoch of ``directory``, print peak RSS in bytes."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        _quiet_ray()
+        rows, _, _ = stream_first_epoch(directory)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps({"rows": rows, "peak_rss": peak}))
+    finally:
+        ray.shutdown()
+
+
+def peak_rss(directory: Path) -> dict:
+    command = [sys.executable, __file__, "--rss-child", str(directory)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"peak RSS run failed for {directory}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _quiet_ray() -> None:
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+
+
+def _rate(rows: int, seconds: float) -> str:
+    return f"{rows / seconds / 1e6:6.2f} M rows/s ({rows:,} rows in {seconds:.2f} s)"
+
+
+def _figure(name: str, ratio: float, target: str, lines: list[str]) -> None:
+    print(f"\n{name}: ratio {ratio:.2f} (target {target})")
+    for line in lines:
+        print(f"  {line}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=5_000_000, help="first-epoch rows (10x RSS)")
+    parser.add_argument("--steady-rows", type=int, default=1_000_000, help="steady-epoch rows")
+    parser.add_argument("--epochs", type=int, default=2, help="timed steady epochs")
+    parser.add_argument("--rss-child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rss_child is not None:
+        peak_rss_child(args.rss_child)
+        return
+    steady_files = max(1, min(FILES, round(args.steady_rows / (args.rows // FILES))))
+    root = Path(tempfile.mkdtemp(prefix="offmeta-bench-streams-"))
+    try:
+        started = time.perf_counter()
+        paths = write_dataset(root, args.rows)
+        base = subset(root, "base", paths[:1])
+        steady = subset(root, "steady", paths[:steady_files])
+        print(f"wrote {args.rows:,} rows in {FILES} files ({time.perf_counter() - started:.1f} s)")
+        run_figures(root / "all", base, steady, paths, args.epochs)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_figures(full: Path, base: Path, steady: Path, paths: list[Path], epochs: int) -> None:
+    # Memory first, in fresh processes of their own, before this process starts Ray.
+    small, large = peak_rss(base), peak_rss(full)
+    import ray
+
+    from pipeline.dataset import read_episodes
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        _quiet_ray()
+        # Start Ray's workers and warm both read paths (imports, first tasks) on one file.
+        read_episodes(base).dataset.take(1)
+        stream_first_epoch(base)
+
+        stream_rows, stream_s, validated = stream_first_epoch(full)
+        arrow_rows, arrow_s = pyarrow_epoch(paths)
+        ray_rows, ray_s = ray_read_epoch(full)
+        _figure(
+            "1. first epoch from disk: LearnerStream / pyarrow",
+            (stream_rows / stream_s) / (arrow_rows / arrow_s),
+            ">= 0.5",
+            [
+                f"LearnerStream {_rate(stream_rows, stream_s)}",
+                f"pyarrow       {_rate(arrow_rows, arrow_s)}",
+                f"read_episodes' Dataset alone (default reader, same columns, 16K-row "
+                f"batches, no shuffle or collate): {_rate(ray_rows, ray_s)}",
+                f"(read_episodes validation and fingerprint, not timed above: {validated:.2f} s)",
+            ],
+        )
+
+        episodes = read_episodes(steady)
+        cached = dataclasses.replace(episodes, dataset=episodes.dataset.materialize())
+        ours_rows, ours_s = stream_steady(cached, epochs)
+        ref_rows, ref_s = reference_steady(cached.dataset, epochs)
+        _figure(
+            "2. steady epochs: LearnerStream / iter_torch_batches per streaming_split",
+            (ours_rows / ours_s) / (ref_rows / ref_s),
+            ">= 10",
+            [
+                f"LearnerStream {_rate(ours_rows, ours_s)}",
+                f"reference     {_rate(ref_rows, ref_s)}",
+            ],
+        )
+    finally:
+        ray.shutdown()
+    _figure(
+        "3. peak RSS streaming 10x the rows / base",
+        large["peak_rss"] / small["peak_rss"],
+        "<= 1.5",
+        [f"{r['rows']:,} rows: {r['peak_rss'] / 2**20:.0f} MiB" for r in (small, large)],
+    )
+
+
+if __name__ == "__main__":
+    main()

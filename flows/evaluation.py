@@ -1,0 +1,266 @@
+"""Stage 3 of a run: how well the meta-learned initialisation adapts to held-out tasks.
+
+Two measures, both on tasks the learner never trained on:
+
+- query loss after 0, 1, 5, 10 inner steps on each task's K support transitions
+  (``MetaLearner.evaluate``, the same inner rule as training);
+- for datasets whose generator has an environment (point_robot), the mean return of
+  rollouts with each task's goal: the unadapted meta-policy, the policy adapted on that
+  task's support transitions, and the noise-free expert that generated the data.
+
+Each held-out task contributes exactly one sample of K support + Q query transitions,
+drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.func import functional_call, vmap
+
+from flows.config import EvaluationConfig, MetaTrainConfig
+from learners.meta import MetaLearner
+from learners.meta_batch import task_slice
+from learners.models import build_model
+from pipeline.batching import finalize
+from pipeline.dataset import Episodes
+from pipeline.synthetic.point_robot import expert_actions, rollout_returns
+from pipeline.tasks import TaskSamples, task_samples
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    """Held-out results; ``table()`` and ``format()`` show them before/after adaptation."""
+
+    tasks: int
+    """Held-out tasks evaluated."""
+    support: int
+    query: int
+    query_loss: dict[int, float]
+    """Inner steps -> mean query loss over the tasks (0: before adaptation)."""
+    returns: dict[str, float] | None = None
+    """Mean episode return of the ``unadapted``, ``adapted`` and ``expert`` policies."""
+    environment: str | None = None
+    rollout_episodes: int = 0
+    """Episodes per task in each policy's mean."""
+    rollout_adapt_steps: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics for the artifact manifest."""
+        flat = {f"heldout_query_loss_{steps}_steps": v for steps, v in self.query_loss.items()}
+        for policy, value in (self.returns or {}).items():
+            flat[f"heldout_return_{policy}"] = value
+        return flat
+
+    def table(self) -> list[dict[str, str]]:
+        """Rows ``{measure, value, change}``: query loss by steps, then returns by policy."""
+        before = self.query_loss[0]
+        rows = []
+        for steps, loss in self.query_loss.items():
+            label = "before adaptation" if steps == 0 else f"after {steps} step{'s' * (steps > 1)}"
+            change = "" if steps == 0 else f"{100 * (loss - before) / before:+.1f}%"
+            rows.append(
+                {"measure": f"query loss, {label}", "value": f"{loss:.4g}", "change": change}
+            )
+        if self.returns is not None:
+            base = self.returns["unadapted"]
+            for policy, value in self.returns.items():
+                label = policy
+                if policy == "adapted":
+                    label += f" ({self.rollout_adapt_steps} steps)"
+                change = "" if policy == "unadapted" else f"{value - base:+.3g}"
+                rows.append(
+                    {"measure": f"return, {label}", "value": f"{value:.4g}", "change": change}
+                )
+        return rows
+
+    def format(self) -> str:
+        """The table as aligned text, with a title line."""
+        title = (
+            f"held-out evaluation: {self.tasks} tasks, K={self.support} support / "
+            f"Q={self.query} query transitions"
+        )
+        if self.returns is not None:
+            title += f", {self.rollout_episodes} {self.environment} episodes per task"
+        rows = self.table()
+        columns = ("measure", "value", "change")
+        widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+        lines = [title, "  ".join(c.ljust(widths[c]) for c in columns)]
+        lines.append("  ".join("-" * widths[c] for c in columns))
+        for row in rows:
+            lines.append(
+                "  ".join(
+                    row[c].ljust(widths[c]) if c == "measure" else row[c].rjust(widths[c])
+                    for c in columns
+                )
+            )
+        return "\n".join(line.rstrip() for line in lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (step counts become string keys)."""
+        data = asdict(self)
+        data["query_loss"] = {str(k): v for k, v in self.query_loss.items()}
+        return data
+
+
+def evaluate(
+    cfg: MetaTrainConfig,
+    learner_state: Mapping[str, Any],
+    heldout: Episodes,
+    *,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> EvaluationReport:
+    """Evaluate the learner in ``learner_state`` on ``heldout`` (see the module docstring)."""
+    logger = logger or _log
+    settings = cfg.evaluation
+    learner = MetaLearner.from_state(learner_state, device=cfg.training.device)
+    samples = task_samples(
+        heldout,
+        support=cfg.tasks.support,
+        query=cfg.tasks.query,
+        modules_to_update=learner.config.trained_modules,
+        skip_small_tasks=cfg.tasks.skip_small_tasks,
+    )
+    meta_batch, task_ids = one_sample_per_task(samples, settings.tasks, seed=settings.seed)
+    meta_batch = finalize(meta_batch, learner.device)
+    query_loss = learner.evaluate(meta_batch, steps=settings.steps)
+    environment = _environment_name(heldout.metadata)
+    rollouts = _ENVIRONMENTS.get(environment) if settings.rollout_episodes > 0 else None
+    returns = None
+    if rollouts is not None:
+        described = heldout.metadata.get("tasks") or {}
+        missing = [task_id for task_id in task_ids if task_id not in described]
+        if missing:
+            raise ValueError(
+                f"held-out dataset {heldout.root}: dataset.json describes no parameters for "
+                f"task {missing[0]!r} ({len(missing)} such tasks); {environment} rollouts need "
+                "each task's parameters (or set evaluation.rollout_episodes to 0)"
+            )
+        returns = rollouts(learner, meta_batch, [described[t] for t in task_ids], settings)
+    report = EvaluationReport(
+        tasks=len(task_ids),
+        support=cfg.tasks.support,
+        query=cfg.tasks.query,
+        query_loss=dict(query_loss),
+        returns=returns,
+        environment=environment if returns is not None else None,
+        rollout_episodes=settings.rollout_episodes if returns is not None else 0,
+        rollout_adapt_steps=settings.rollout_adapt_steps if returns is not None else 0,
+    )
+    logger.info("%s", report.format())
+    return report
+
+
+def one_sample_per_task(
+    samples: TaskSamples, num_tasks: int, *, seed: int
+) -> tuple[dict[str, Any], list[str]]:
+    """A meta-batch with one K + Q sample from each of ``num_tasks`` tasks (all tasks if
+    fewer), tasks in id order, and their ids.
+
+    Single-module data only: it relies on ``TaskSamples`` storing one row group per task,
+    in ``task_ids`` order, when there is one module.
+    """
+    if len(samples.module_ids) != 1:
+        raise ValueError(
+            f"held-out evaluation supports one module per dataset for now; the held-out data "
+            f"has modules {list(samples.module_ids)}"
+        )
+    groups = np.flatnonzero(samples.group_samples > 0)
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(len(groups), size=min(num_tasks, len(groups)), replace=False))
+    size = samples.support + samples.query
+    rows = np.stack(
+        [
+            rng.choice(
+                np.arange(samples.group_offsets[g], samples.group_offsets[g + 1]), size, False
+            )
+            for g in groups[chosen]
+        ]
+    )
+    module = samples.module_ids[0]
+    meta_batch = {
+        part: {
+            module: {
+                name: torch.from_numpy(np.take(array, index, axis=0))
+                for name, array in samples.arrays.items()
+            }
+        }
+        for part, index in (
+            ("support", rows[:, : samples.support]),
+            ("query", rows[:, samples.support :]),
+        )
+    }
+    return meta_batch, [samples.task_ids[i] for i in chosen]
+
+
+Rollouts = Callable[
+    [MetaLearner, Mapping[str, Any], list[dict[str, Any]], EvaluationConfig], dict[str, float]
+]
+
+
+def _point_robot_returns(
+    learner: MetaLearner,
+    meta_batch: Mapping[str, Any],
+    tasks: list[dict[str, Any]],
+    settings: EvaluationConfig,
+) -> dict[str, float]:
+    """Mean return per episode of each policy, ``rollout_episodes`` episodes per task."""
+    (module,) = learner.config.trained_modules
+    model = build_model(learner.config.modules[module]).to(learner.device)
+    support = meta_batch["support"]
+    adapted = [
+        learner.adapt(None, task_slice(support, i), steps=settings.rollout_adapt_steps)[module]
+        for i in range(len(tasks))
+    ]
+    episodes = settings.rollout_episodes
+    per_episode = {
+        name: torch.stack([a[name] for a in adapted]).repeat_interleave(episodes, dim=0)
+        for name in adapted[0]
+    }
+    meta = {name: p.detach() for name, p in learner.meta_params[module].items()}
+    dtype = next(iter(meta.values())).dtype
+    goals = np.repeat(np.array([t["goal"] for t in tasks], dtype=np.float64), episodes, axis=0)
+
+    def act(params: Mapping[str, torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, dict(params), (obs,))
+        return out["mean"] if isinstance(out, dict) else out
+
+    one_row = vmap(lambda params, obs: act(params, obs[None])[0])
+
+    def run(policy: Callable[[torch.Tensor], torch.Tensor]) -> float:
+        def numpy_policy(obs: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                inputs = torch.from_numpy(obs).to(device=learner.device, dtype=dtype)
+                return policy(inputs).cpu().numpy()
+
+        return float(rollout_returns(numpy_policy, goals, seed=settings.seed).mean())
+
+    expert_rng = np.random.default_rng(settings.seed)
+    expert = float(
+        rollout_returns(
+            lambda obs: expert_actions(obs, goals, expert_rng, noise_std=0.0, random_fraction=0.0),
+            goals,
+            seed=settings.seed,
+        ).mean()
+    )
+    return {
+        "unadapted": run(lambda obs: act(meta, obs)),
+        "adapted": run(lambda obs: one_row(per_episode, obs)),
+        "expert": expert,
+    }
+
+
+_ENVIRONMENTS: dict[str, Rollouts] = {"point_robot": _point_robot_returns}
+"""Generator name (``dataset.json`` ``generator.name``) -> its evaluation rollouts."""
+
+
+def _environment_name(metadata: Mapping[str, Any]) -> str | None:
+    generator = metadata.get("generator") or {}
+    return generator.get("name") or metadata.get("id")

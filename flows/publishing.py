@@ -1,0 +1,151 @@
+"""Stage 4 of a run: publish the result as the next version of ``artifacts.name``, and show it
+in Prefect (link, table and markdown artifacts pointing at that version).
+
+The artifact store is the registry; the Prefect artifacts are only a view of it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from flows.config import MetaTrainConfig
+from flows.datasets import Datasets
+from flows.evaluation import EvaluationReport
+from flows.training import TrainResult
+from pipeline.artifacts import ArtifactRef, ArtifactStore, Lineage
+from pipeline.checkpoints import dump_state
+
+LEARNER_TENSORS = "learner_state.safetensors"
+LEARNER_JSON = "learner_state.json"
+"""The full learner state (learned learning rates, optimizer, config) next to the params:
+``MetaLearner.from_state(pipeline.checkpoints.parse_state(tensors, json))`` rebuilds it."""
+EVALUATION_FILE = "evaluation.json"
+
+
+def publish(
+    cfg: MetaTrainConfig,
+    trained: TrainResult,
+    report: EvaluationReport,
+    datasets: Datasets,
+    *,
+    flow_run_id: str | None,
+    code_version: str | None,
+) -> ArtifactRef:
+    """Publish the trained parameters with metrics, config, lineage and learning curve.
+
+    Publishing again for the same ``flow_run_id`` (a retried task) returns the version
+    the first attempt published.
+    """
+    metrics: dict[str, Any] = {
+        "iterations": trained.iterations,
+        "weights_seq_no": trained.weights_seq_no,
+        **{f"train_{name}": value for name, value in trained.final_metrics.items()},
+        **report.metrics(),
+    }
+    lineage = Lineage(
+        dataset_fingerprint=datasets.train.fingerprint,
+        parent=trained.parent,
+        flow_run_id=flow_run_id,
+        code_version=code_version,
+        weights_seq_no=trained.weights_seq_no,
+        extras={
+            "train_dataset": datasets.train.root,
+            "heldout_dataset": datasets.heldout.root,
+            "heldout_fingerprint": datasets.heldout.fingerprint,
+            "resumed_from_iteration": trained.resumed_from,
+            "restarts": trained.restarts,
+            "num_learners": trained.num_learners,
+            "checkpoint": str(trained.checkpoint),
+        },
+    )
+    tensor_bytes, json_bytes = dump_state(trained.learner_state)
+    files = [
+        (LEARNER_TENSORS, tensor_bytes),
+        (LEARNER_JSON, json_bytes),
+        (EVALUATION_FILE, (json.dumps(report.to_dict(), indent=2) + "\n").encode()),
+    ]
+    return ArtifactStore(cfg.artifacts.root).publish(
+        cfg.artifacts.name,
+        trained.learner_state["params"],
+        metrics=metrics,
+        config=cfg,
+        lineage=lineage,
+        history=trained.history,
+        files=files,
+        idempotency_key=f"meta-train/{flow_run_id}" if flow_run_id else None,
+    )
+
+
+def prefect_artifact_keys(name: str) -> dict[str, str]:
+    """Keys of the Prefect artifacts of ``name`` (lowercase letters, digits and dashes)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "artifact"
+    return {
+        "link": f"{slug}-version",
+        "table": f"{slug}-evaluation",
+        "markdown": f"{slug}-report",
+        "progress": f"{slug}-training-progress",
+    }
+
+
+def show_in_prefect(
+    ref: ArtifactRef, store_root: str, trained: TrainResult, report: EvaluationReport
+) -> None:
+    """Create the link, table and markdown Prefect artifacts of a published version."""
+    from prefect.artifacts import (
+        create_link_artifact,
+        create_markdown_artifact,
+        create_table_artifact,
+    )
+
+    keys = prefect_artifact_keys(ref.name)
+    create_link_artifact(
+        link=ref.uri,
+        link_text=f"{ref} manifest",
+        key=keys["link"],
+        description=f"Published version {ref} in the artifact store {store_root}",
+    )
+    create_table_artifact(
+        table=report.table(),
+        key=keys["table"],
+        description=f"Held-out evaluation of {ref}: query loss before/after adaptation",
+    )
+    create_markdown_artifact(
+        markdown=_markdown(ref, store_root, trained, report),
+        key=keys["markdown"],
+        description=f"Meta-training report for {ref}",
+    )
+
+
+def _markdown(
+    ref: ArtifactRef, store_root: str, trained: TrainResult, report: EvaluationReport
+) -> str:
+    rows = report.table()
+    table = ["| measure | value | change |", "|---|---:|---:|"]
+    table += [f"| {r['measure']} | {r['value']} | {r['change']} |" for r in rows]
+    final_loss = trained.final_metrics.get("query_loss", float("nan"))
+    resumed = (
+        f"resumed from the checkpoint at iteration {trained.resumed_from}"
+        if trained.resumed_from is not None
+        else "no restart"
+    )
+    return "\n".join(
+        [
+            f"# {ref}",
+            "",
+            f"Published to `{store_root}` ([manifest]({ref.uri})); params digest `{ref.digest}`.",
+            "",
+            f"- parent: `{trained.parent or 'none'}`",
+            f"- iterations: {trained.iterations} ({resumed}); weights_seq_no "
+            f"{trained.weights_seq_no}",
+            f"- final training query loss: {final_loss:.5g}",
+            "",
+            f"## Held-out evaluation ({report.tasks} tasks)",
+            "",
+            *table,
+            "",
+            "The learning curve (`learning_curve.png`, `history.json`) is stored with the "
+            f"version: `offmeta artifacts export {ref} DIR --root {store_root}`.",
+        ]
+    )

@@ -1,0 +1,116 @@
+"""The process around a run: the Ray session, quiet defaults, the code revision."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+from flows.config import RayConfig
+
+QUIET_ENVIRONMENT = {
+    # No internet on the machines this runs on, and nobody asked for telemetry.
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # One Parquet footer-reader actor instead of one per CPU (see DESIGN.md, measured facts).
+    "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "1",
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+}
+"""Environment defaults of ``offmeta run``/``serve``; variables already set win."""
+
+
+def set_quiet_environment() -> None:
+    """Apply ``QUIET_ENVIRONMENT`` where unset; call before importing Prefect or Ray."""
+    for name, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
+@contextlib.contextmanager
+def ray_session(config: RayConfig) -> Iterator[None]:
+    """Join the running Ray session, or start (and afterwards stop) one as ``config`` says.
+
+    A session that was already running (a test fixture, a notebook) is left running.
+    """
+    import ray
+
+    _quiet_ray_logs()
+    if ray.is_initialized():
+        _quiet_ray_data()
+        yield
+        return
+    ray.init(
+        # "local" starts a fresh instance even if `ray start` left a cluster address behind.
+        address=config.address or "local",
+        num_cpus=config.num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+    try:
+        _quiet_ray_data()
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` torch intra-op threads (None: unchanged)."""
+    import torch
+
+    if threads is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _quiet_ray_logs() -> None:
+    # Ray Data logs every dataset execution at INFO (it configures its logger when imported,
+    # hence the import first), and Ray warns on every local start that token authentication
+    # is on (it is; the warning explains how to turn it off).
+    import ray.data  # noqa: F401
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+
+
+def _quiet_ray_data() -> None:
+    import ray.data
+    from ray.util.debug import log_once
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    # Ray Data warns once per process that progress bars are off; they are off on purpose.
+    log_once("ray_data_progress_manager_disabled")
+
+
+def code_version(directory: str | Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the code's checkout (``+dirty`` with uncommitted changes to
+    tracked files); None outside a git checkout or without git."""
+    where = Path(directory) if directory is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    dirty = "+dirty" if status.returncode == 0 and status.stdout.strip() else ""
+    return head.stdout.strip() + dirty

@@ -1,0 +1,15 @@
+"""Scale-out: meta-training on ``learners.num_learners`` Ray Train workers.
+
+``train_on_ray`` is the training stage for ``num_learners > 0``; ``worker_cpus`` says how
+many CPUs each worker may hold so that Ray Data reads still find free CPUs.
+"""
+
+from flows.scale_out.driver import scaling_config, train_on_ray, worker_cpus
+from learners.data_parallel import ParametersDivergedError
+
+__all__ = [
+    "ParametersDivergedError",
+    "scaling_config",
+    "train_on_ray",
+    "worker_cpus",
+]

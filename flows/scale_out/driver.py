@@ -1,0 +1,206 @@
+"""Meta-training on ``learners.num_learners`` Ray Train workers (``TorchTrainer``).
+
+``train_on_ray`` reads top to bottom: task samples (read once, here, then shared through
+Ray's object store) -> the initial learner state (warm start included, so every worker
+starts identical) -> how many CPUs a worker may hold -> ``TorchTrainer.fit`` -> the same
+``TrainResult`` the in-process stage returns, with the restart count.
+
+Fault tolerance is Ray Train's: a worker that dies takes its worker group down, and Ray
+Train starts a new one (up to ``ray.max_failures`` times) that resumes from the last
+checkpoint reported through ``ray.train.report``. The run directory
+``<run_dir>/ray/train`` holds those checkpoints; running again with the same
+``run_dir`` (a retried Prefect task) resumes from them as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flows.config import MetaTrainConfig
+from flows.scale_out.worker import read_state, train_loop_per_worker
+from flows.training import TrainResult, warm_start
+from learners.meta import MetaLearner
+from pipeline.checkpoints import CheckpointError
+from pipeline.dataset import Episodes
+from pipeline.tasks import task_samples
+
+_log = logging.getLogger(__name__)
+
+RUN_NAME = "train"
+"""Ray Train run name; the run directory is ``<run_dir>/ray/<RUN_NAME>``."""
+_CPU_QUANTUM = 1e-4  # Ray rounds fractional resources to 4 decimals.
+_PERMANENT = (ValueError, TypeError, ArithmeticError)
+
+# Test seam: ``{"rank": r, "iteration": i}`` makes worker r kill its own process (SIGKILL)
+# before meta-step i of the first attempt, to play a lost machine. Tests set it with
+# monkeypatch; nothing else reads it.
+_fail_at: dict[str, int] | None = None
+
+
+def worker_cpus(num_learners: int, cluster_cpus: float, reserved_read_cpus: float) -> float:
+    """CPUs each of ``num_learners`` workers holds: an equal share of what is left after
+    ``reserved_read_cpus``, at most 1.
+
+    Ray Data read tasks need free CPUs to be scheduled at all; workers that held every
+    CPU would starve them and every worker would wait for data forever.
+    """
+    free = cluster_cpus - reserved_read_cpus
+    share = math.floor(min(1.0, free / num_learners) / _CPU_QUANTUM) * _CPU_QUANTUM
+    if share <= 0:
+        raise ValueError(
+            f"ray.reserved_read_cpus={reserved_read_cpus} leaves {max(free, 0):g} of the "
+            f"cluster's {cluster_cpus:g} CPUs for {num_learners} learners; expected at least "
+            f"{num_learners * _CPU_QUANTUM:g}. Lower ray.reserved_read_cpus or join a "
+            "larger cluster (ray.address)"
+        )
+    return share
+
+
+def scaling_config(cfg: MetaTrainConfig, cluster: Mapping[str, float]) -> Any:
+    """The ``ScalingConfig`` of the run on a cluster with ``cluster`` resources
+    (``ray.cluster_resources()``); refuses a run the cluster cannot place."""
+    from ray.train import ScalingConfig
+
+    learners = cfg.learners.num_learners
+    use_gpu = _uses_gpu(cfg.training.device)
+    if use_gpu and cluster.get("GPU", 0) < learners:
+        raise ValueError(
+            f"training.device={cfg.training.device!r} with learners.num_learners={learners} "
+            f"needs {learners} GPUs (one per worker); the Ray cluster has "
+            f"{cluster.get('GPU', 0):g}. Lower num_learners or set training.device to 'cpu'"
+        )
+    cpus = worker_cpus(learners, cluster.get("CPU", 0.0), cfg.ray.reserved_read_cpus)
+    return ScalingConfig(num_workers=learners, use_gpu=use_gpu, resources_per_worker={"CPU": cpus})
+
+
+def train_on_ray(
+    cfg: MetaTrainConfig,
+    data: Episodes,
+    *,
+    run_dir: str | Path,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> TrainResult:
+    """Meta-train on ``data`` with ``cfg.learners.num_learners`` Ray Train workers.
+
+    Each worker draws ``tasks.meta_batch`` tasks per meta-step from its own share of the
+    task samples (``split_for_learners(..., ranks=[rank])``), so one meta-step sees
+    ``num_learners * meta_batch`` tasks and the averaged meta-gradient equals one
+    learner's over all of them. Needs a running Ray session (``flows.runtime.ray_session``).
+    """
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
+    from ray.train.torch import TorchTrainer
+
+    logger = logger or _log
+    learners = cfg.learners.num_learners
+    if learners < 1:
+        raise ValueError(f"learners.num_learners must be >= 1 on Ray Train, got {learners}")
+    tasks, training = cfg.tasks, cfg.training
+    samples = task_samples(
+        data,
+        support=tasks.support,
+        query=tasks.query,
+        modules_to_update=cfg.learners.trained_modules,
+        skip_small_tasks=tasks.skip_small_tasks,
+    )
+    logger.info("task samples: %s", samples.summary())
+    if samples.skipped_tasks:
+        logger.warning("left out %d tasks smaller than K + Q", len(samples.skipped_tasks))
+    scaling = scaling_config(cfg, ray.cluster_resources())
+    initial_state, parent = _initial_state(cfg, logger)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "cfg": cfg.model_dump(mode="json"),
+            "samples": ray.put(samples),
+            "initial_state": initial_state,
+            "parent": parent,
+            "use_gpu": scaling.use_gpu,
+            "cpus_per_worker": scaling.num_cpus_per_worker,
+            "fail_at": _fail_at,
+        },
+        scaling_config=scaling,
+        run_config=RunConfig(
+            name=RUN_NAME,
+            storage_path=str(Path(run_dir).resolve() / "ray"),
+            failure_config=FailureConfig(max_failures=cfg.ray.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=training.keep_checkpoints),
+            logging_config=LoggingConfig(log_level="WARNING"),
+        ),
+    )
+    logger.info(
+        "training on %d Ray Train workers (%g CPU%s each, %d tasks per worker and meta-step)",
+        learners,
+        scaling.num_cpus_per_worker,
+        " + 1 GPU" if scaling.use_gpu else "",
+        tasks.meta_batch,
+    )
+    result = _fit(trainer)
+    attempts = result.return_value
+    if attempts["restarts"]:
+        logger.warning(
+            "the worker group was restarted %d time(s); the last attempt resumed from iteration %s",
+            attempts["restarts"],
+            attempts["resumed_from"],
+        )
+    with result.checkpoint.as_directory() as directory:
+        final = read_state(Path(directory))
+    if final["iteration"] != training.iterations:
+        raise CheckpointError(
+            f"the last checkpoint of the run, {result.checkpoint.path}, is from iteration "
+            f"{final['iteration']}; expected the final iteration {training.iterations}"
+        )
+    history = final["history"]
+    return TrainResult(
+        learner_state=final["learner"],
+        history=history,
+        iterations=training.iterations,
+        weights_seq_no=final["learner"]["weights_seq_no"],
+        final_metrics={name: values[-1] for name, values in history.items()},
+        parent=final["parent"],
+        resumed_from=attempts["resumed_from"],
+        checkpoint=Path(result.checkpoint.path),
+        tasks=samples.summary(),
+        restarts=attempts["restarts"],
+        num_learners=learners,
+    )
+
+
+def _fit(trainer: Any) -> Any:
+    """``trainer.fit()``, re-raising a worker's own error when it says the input is wrong
+    (so the flow does not retry what would fail the same way)."""
+    from ray.train import TrainingFailedError
+
+    try:
+        return trainer.fit()
+    except TrainingFailedError as error:
+        failures = list(getattr(error, "worker_failures", {}).values())
+        if failures and all(isinstance(failure, _PERMANENT) for failure in failures):
+            raise failures[0] from error
+        raise
+
+
+def _initial_state(
+    cfg: MetaTrainConfig, logger: logging.Logger | logging.LoggerAdapter
+) -> tuple[dict[str, Any], str | None]:
+    """The learner state every worker starts from, and the warm-start parent (if any);
+    seeded exactly as the in-process stage seeds its learner."""
+    learner = MetaLearner(cfg.learners.meta_config())
+    torch.manual_seed(cfg.training.seed)
+    parent = warm_start(cfg, learner, logger) if cfg.training.warm_start else None
+    return learner.get_state(), parent
+
+
+def _uses_gpu(device: str) -> bool:
+    if device == "mps":
+        raise ValueError(
+            "training.device='mps' is not available on Ray Train workers; use 'cpu' or 'cuda', "
+            "or set learners.num_learners to 0"
+        )
+    return device.startswith("cuda")

@@ -1,0 +1,443 @@
+"""Repeatable per-learner streams: ``split_for_learners`` once, then ``take(num_iters)``.
+
+The learners of one ``split_for_learners`` call form a group. One producer thread per
+group runs the group's source (Ray Data super-batches, or task samples), collates ahead
+and deals every learner the same number of batches through a small bounded queue of its
+own, so reading, shuffling and collating overlap with the learners' compute; ``take``
+only finalizes (moves to the device) what it hands out. A position counts batches
+*handed out*: batches prepared but never taken are neither lost nor counted.
+
+A learner that stops taking batches fills its queue and stops the producer, so the
+others wait. A waiting learner consults the group's ``ProgressBoard`` and, after
+``stall_timeout_s``, raises ``StreamStalledError`` naming the learner that stopped,
+instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pipeline.batching import Batch, finalize
+from pipeline.epoch_sources import EpochSource, row_source
+from pipeline.schema import DatasetError
+from pipeline.stall import ProgressBoard, StreamStalledError
+from pipeline.tasks import TaskSamples, TaskSource
+
+if TYPE_CHECKING:
+    import ray.data
+
+    from pipeline.dataset import Episodes
+
+__all__ = ["LearnerStream", "StreamStalledError", "split_for_learners"]
+
+_PREFETCH_DEALS = 2
+_CLOSE_JOIN_S = 10.0
+
+
+class LearnerStream:
+    """One learner's endless, epoch-by-epoch stream of minibatches (or meta-batches).
+
+    Build it with ``split_for_learners``. ``take(n)`` yields exactly ``n`` batches on
+    ``device``; the next ``take`` continues where the last stopped, crossing into the
+    next epoch (reshuffled with ``seed + epoch``) when one ends.
+    """
+
+    def __init__(self, *, name: str, rank: int, group: _Group) -> None:
+        self.name = name
+        self.rank = rank
+        self._group = group
+        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=_PREFETCH_DEALS)
+        self._pending: deque[Batch] = deque()
+        self._live_take: object | None = None
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._epoch = 0
+        self._consumed = 0
+        self._discard = 0
+        self._batches = 0
+        self._epochs_completed = 0
+        self._dropped_rows = 0
+        self._wait_s = 0.0
+        self._first_take: float | None = None
+        self._poll_s = min(0.1, group.board.timeout_s / 4)
+
+    def take(self, num_iters: int) -> Iterator[Batch]:
+        """Yield exactly ``num_iters`` batches, finalized to the stream's device.
+
+        One generator at a time: a second ``take`` while one is live is refused, since
+        two generators would silently share (and split) the same batches.
+        """
+        if isinstance(num_iters, bool) or not isinstance(num_iters, int) or num_iters < 0:
+            raise ValueError(f"{self.name}: num_iters must be an int >= 0, got {num_iters!r}")
+        self._check_usable()
+        if self._live_take is not None:
+            raise RuntimeError(
+                f"{self.name}: a take() generator is still live; exhaust it or call its "
+                "close() before calling take() again (two generators on one stream would "
+                "share its batches)"
+            )
+        self._group.start()
+        self._group.board.active(self.name)
+        token = object()
+        self._live_take = token
+        generator = self._generate(num_iters, token)
+        # A generator dropped before its first next() never runs its finally clause.
+        weakref.finalize(generator, self._release_take, token)
+        return generator
+
+    def state(self) -> dict[str, Any]:
+        """Position in the stream (JSON-safe): the epoch and the batches taken in it."""
+        return {
+            "learner": self.name,
+            "rank": self.rank,
+            **self._group.settings,
+            "epoch": self._epoch,
+            "batches_consumed": self._consumed,
+            "exact": self._group.source.exact,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from ``state()``), before the group's first ``take``.
+
+        Exact (the same batches as an uninterrupted run) for row streams read from a
+        dataset and for task samples; restore every learner of the group.
+        """
+        self._check_usable()
+        if self._group.started:
+            raise RuntimeError(
+                f"{self.name}: restore() must come before the first take() of any learner "
+                "of its split; build fresh streams with split_for_learners to resume"
+            )
+        expected = {"rank": self.rank, **self._group.settings}
+        for key, value in expected.items():
+            if key not in state:
+                raise ValueError(f"{self.name}: state has no {key!r}; expected state() output")
+            if state[key] != value:
+                raise ValueError(
+                    f"{self.name}: state was saved with {key}={state[key]!r} but this stream "
+                    f"has {key}={value!r}; build the streams with the saved settings"
+                )
+        epoch, consumed = state["epoch"], state["batches_consumed"]
+        if not all(isinstance(v, int) and v >= 0 for v in (epoch, consumed)):
+            raise ValueError(f"{self.name}: state needs a non-negative epoch and batch count")
+        self._epoch, self._consumed = epoch, consumed
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for progress logs; ``rows_per_s`` counts from the first ``take``.
+
+        ``dropped_rows`` counts the rows (transitions) that no learner of the split got
+        in the epochs completed so far: the same number on every learner.
+        """
+        rows = self._batches * self._group.rows_per_batch
+        elapsed = time.monotonic() - self._first_take if self._first_take else 0.0
+        return {
+            "learner": self.name,
+            "epoch": self._epoch,
+            "batches": self._batches,
+            "rows": rows,
+            "epochs_completed": self._epochs_completed,
+            "dropped_rows": self._dropped_rows,
+            "wait_s": round(self._wait_s, 3),
+            "rows_per_s": rows / elapsed if elapsed > 0 else 0.0,
+        }
+
+    def close(self) -> None:
+        """Stop taking batches; the last learner of a split to close stops its producer
+        thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._group.release(self)
+
+    def __enter__(self) -> LearnerStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LearnerStream({self.name!r}, epoch={self._epoch}, batch={self._consumed})"
+
+    def _generate(self, num_iters: int, token: object) -> Iterator[Batch]:
+        try:
+            if self._first_take is None:
+                self._first_take = time.monotonic()
+            device = self._group.device
+            for _ in range(num_iters):
+                batch = self._next_batch()
+                # Collate already made CPU tensors: nothing to move on a CPU learner.
+                yield batch if device.type == "cpu" else finalize(batch, device)
+        finally:
+            self._release_take(token)
+
+    def _release_take(self, token: object) -> None:
+        if self._live_take is token:
+            self._live_take = None
+
+    def _next_batch(self) -> Batch:
+        while not self._pending:
+            item = self._next_item()
+            if item[0] == "batches":
+                # After a restore, this learner may be ahead of the group's slowest one.
+                skipped = min(self._discard, len(item[1]))
+                self._discard -= skipped
+                self._pending.extend(item[1][skipped:])
+            elif item[0] == "end":
+                self._epoch += 1
+                self._consumed = 0
+                self._epochs_completed += 1
+                self._dropped_rows += item[1]
+            else:
+                self._failure = item[1]
+                raise self._failure
+        self._consumed += 1
+        self._batches += 1
+        self._group.board.active(self.name)
+        return self._pending.popleft()
+
+    def _next_item(self) -> tuple[Any, ...]:
+        self._check_usable()
+        board = self._group.board
+        try:
+            # Once another learner gave up on this split, this one stops too.
+            board.check(self.name)
+        except StreamStalledError as error:
+            self._failure = error
+            raise
+        with contextlib.suppress(queue.Empty):
+            return self._queue.get_nowait()
+        started = time.monotonic()
+        board.start_wait(self.name)
+        try:
+            while True:
+                board.check(self.name)
+                with contextlib.suppress(queue.Empty):
+                    return self._queue.get(timeout=self._poll_s)
+        except StreamStalledError as error:
+            self._failure = error
+            raise
+        finally:
+            board.end_wait(self.name)
+            self._wait_s += time.monotonic() - started
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.name}: the stream is closed")
+        if self._failure is not None:
+            raise self._failure
+
+
+class _Group:
+    """The learners of one ``split_for_learners`` call: one source, one producer thread,
+    one progress board, a queue per learner."""
+
+    def __init__(
+        self,
+        *,
+        source: EpochSource,
+        ranks: Sequence[int],
+        settings: dict[str, Any],
+        rows_per_batch: int,
+        device: torch.device,
+        stall_timeout_s: float,
+    ) -> None:
+        self.source = source
+        self.settings = settings
+        self.rows_per_batch = rows_per_batch
+        self.device = device
+        self.board = ProgressBoard([f"learner-{r}" for r in ranks], stall_timeout_s)
+        self.streams = [LearnerStream(name=f"learner-{r}", rank=r, group=self) for r in ranks]
+        self.started = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self.started:
+                return
+            self.started = True
+            epochs = {s._epoch for s in self.streams}
+            if len(epochs) > 1:
+                saved = ", ".join(f"{s.name}: {s._epoch}" for s in self.streams)
+                error = ValueError(
+                    f"learners of one split were restored to different epochs ({saved}); "
+                    "restore states saved at the same step"
+                )
+                for stream in self.streams:
+                    stream._failure = error
+                raise error
+            skip = min(s._consumed for s in self.streams)
+            for stream in self.streams:
+                stream._discard = stream._consumed - skip
+            names = "+".join(s.name for s in self.streams)
+            self._thread = threading.Thread(
+                target=self._produce,
+                args=(epochs.pop(), skip),
+                name=f"offmeta-stream-{names}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def release(self, stream: LearnerStream) -> None:
+        self.board.closed(stream.name)
+        _drain(stream._queue)
+        if all(s._closed for s in self.streams):
+            self._stop.set()
+            for other in self.streams:
+                _drain(other._queue)
+            if self._thread is not None:
+                self._thread.join(timeout=_CLOSE_JOIN_S)
+
+    def _produce(self, epoch: int, skip: int) -> None:
+        names = ", ".join(s.name for s in self.streams)
+        try:
+            while not self._stop.is_set():
+                rows = dropped = rounds = 0
+                with contextlib.closing(self.source.deals(epoch, skip)) as deals:
+                    for deal in deals:
+                        rows += deal.rows
+                        dropped += deal.dropped_rows
+                        rounds += len(deal.batches[0])
+                        if deal.batches[0] and not self._deal(deal.batches):
+                            return
+                        if self._stop.is_set():
+                            return
+                if rounds + skip == 0:
+                    raise DatasetError(f"{names}: {self.source.describe_empty(epoch, rows)}")
+                if not self._broadcast(("end", dropped)):
+                    return
+                epoch, skip = epoch + 1, 0
+        except BaseException as error:  # relayed to every learner, which re-raises it
+            self._broadcast(("error", error))
+
+    def _deal(self, batches: list[list[Batch]]) -> bool:
+        return all(
+            self._put(stream, ("batches", mine))
+            for stream, mine in zip(self.streams, batches, strict=True)
+        )
+
+    def _broadcast(self, item: tuple[Any, ...]) -> bool:
+        return all(self._put(stream, item) for stream in self.streams)
+
+    def _put(self, stream: LearnerStream, item: tuple[Any, ...]) -> bool:
+        # Blocks while the learner's queue is full: a learner that stops taking stops
+        # the whole split, and the others' stall check names it.
+        while not self._stop.is_set():
+            if stream._closed:
+                return True
+            with contextlib.suppress(queue.Full):
+                stream._queue.put(item, timeout=0.1)
+                return True
+        return False
+
+
+def split_for_learners(
+    source: Episodes | TaskSamples | ray.data.DataIterator,
+    num_learners: int,
+    *,
+    minibatch_size: int,
+    seed: int = 0,
+    superbatch_rows: int = 16384,
+    columns: Sequence[str] | None = None,
+    modules_to_update: Collection[str] | None = None,
+    device: torch.device | str = "cpu",
+    stall_timeout_s: float = 60.0,
+    materialize: bool = False,
+    ranks: Sequence[int] | None = None,
+) -> list[LearnerStream]:
+    """Split ``source`` once into one repeatable stream per learner.
+
+    ``source`` is ``Episodes`` (row minibatches of ``minibatch_size`` rows), the result
+    of ``task_samples`` (meta-batches of ``minibatch_size`` tasks per learner), or a Ray
+    ``DataIterator`` that is already one learner's shard (Ray Train's
+    ``get_dataset_shard``; ``num_learners=1``). Row streams fetch ``superbatch_rows`` rows
+    per Ray Data batch (rounded down to whole minibatches), shuffle the file order (the
+    block order when materialized) and the rows inside each super-batch with
+    ``seed + epoch``, and deal minibatches to the learners in turn.
+
+    ``materialize`` reads the selected columns once, now, into Ray's object store (which
+    spills to disk when full), so that later epochs skip reading and decoding Parquet.
+    ``stall_timeout_s`` bounds how long a learner waits for data that a stopped learner
+    holds up before ``StreamStalledError``. ``ranks`` builds only those learners' streams
+    (a Ray Train worker passes its own rank): task samples only.
+    """
+    _check_int("num_learners", num_learners, 1)
+    _check_int("minibatch_size", minibatch_size, 1)
+    _check_int("seed", seed, 0)
+    _check_int("superbatch_rows", superbatch_rows, 1)
+    if stall_timeout_s <= 0:
+        raise ValueError(f"stall_timeout_s must be > 0 seconds, got {stall_timeout_s}")
+    device = torch.device(device)
+    ranks = list(range(num_learners)) if ranks is None else list(ranks)
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < num_learners for r in ranks):
+        raise ValueError(f"ranks must be distinct learners in [0, {num_learners}), got {ranks}")
+    source_of_batches: EpochSource
+    if isinstance(source, TaskSamples):
+        if columns is not None or modules_to_update is not None or materialize:
+            raise ValueError(
+                "task samples are already in memory, with columns and modules_to_update "
+                "chosen by task_samples(); pass those there, and no materialize="
+            )
+        source_of_batches = TaskSource(
+            source,
+            tasks_per_batch=minibatch_size,
+            seed=seed,
+            ranks=ranks,
+            num_learners=num_learners,
+            pin_memory=device.type == "cuda",
+        )
+        kind, rows_per_batch = "tasks", minibatch_size * (source.support + source.query)
+    else:
+        if len(ranks) != num_learners:
+            raise ValueError(
+                "ranks= works for task samples only: row streams of one split are dealt "
+                "from one read, so they are built together (a Ray Train worker passes its "
+                "dataset shard as the source, with num_learners=1)"
+            )
+        source_of_batches = row_source(
+            source,
+            num_learners,
+            minibatch_size=minibatch_size,
+            seed=seed,
+            superbatch_rows=superbatch_rows,
+            columns=columns,
+            modules_to_update=modules_to_update,
+            materialize=materialize,
+            pin_memory=device.type == "cuda",
+        )
+        kind, rows_per_batch = "rows", minibatch_size
+    group = _Group(
+        source=source_of_batches,
+        ranks=ranks,
+        settings={
+            "kind": kind,
+            "num_learners": num_learners,
+            "seed": seed,
+            "minibatch_size": minibatch_size,
+        },
+        rows_per_batch=rows_per_batch,
+        device=device,
+        stall_timeout_s=stall_timeout_s,
+    )
+    return group.streams
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _drain(items: queue.Queue) -> None:
+    with contextlib.suppress(queue.Empty):
+        while True:
+            items.get_nowait()

@@ -1,0 +1,58 @@
+"""Tiny point-robot datasets and run configs for the flow tests (a run takes seconds)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flows.config import MetaTrainConfig, apply_override, validate_config
+from pipeline.synthetic import PointRobotTasks, generate
+
+
+def tiny_point_robot(root: Path) -> Path:
+    """12 train goals and 4 held-out goals, one 20-step episode each; returns ``root``."""
+    generate(PointRobotTasks(episodes_per_task=1), root, tasks=12, heldout_tasks=4, seed=0)
+    return root
+
+
+def tiny_document(data: Path, work: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """A run config as parsed YAML: 12 iterations, checkpoints every 4, 2-step rollouts."""
+    document: dict[str, Any] = {
+        "data": {"train": str(data / "train"), "heldout": str(data / "heldout")},
+        "tasks": {"support": 5, "query": 5, "meta_batch": 4, "seed": 0},
+        "learners": {
+            "modules": {
+                "default_policy": {
+                    "obs_dim": 2,
+                    "action_dim": 2,
+                    "model": {"hidden_sizes": [8, 8]},
+                }
+            },
+            "inner": {"lr": 0.5},
+        },
+        "training": {
+            "iterations": 12,
+            "log_every": 4,
+            "checkpoint_every": 4,
+            "checkpoint_dir": str(work / "runs"),
+            "retries": 1,
+            "retry_delay_s": 0,
+        },
+        "evaluation": {"tasks": 4, "rollout_episodes": 2, "rollout_adapt_steps": 2},
+        "artifacts": {"root": str(work / "artifacts"), "name": "tiny-robot"},
+    }
+    for override in overrides:
+        apply_override(document, override)
+    return document
+
+
+def tiny_config(data: Path, work: Path, overrides: Sequence[str] = ()) -> MetaTrainConfig:
+    return validate_config(tiny_document(data, work, overrides))
+
+
+def write_config(path: Path, document: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path

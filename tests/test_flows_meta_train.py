@@ -1,0 +1,194 @@
+"""The meta_train flow end to end under a Prefect test server: ``offmeta run`` publishes a
+version with the right lineage and Prefect artifacts; a training task that fails once resumes
+from its checkpoint and ends with the parameters of an uninterrupted run; warm start records
+the parent."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+import torch
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    FlowRunFilter,
+    FlowRunFilterId,
+)
+
+import flows.training
+from flows.cli import main
+from flows.meta_train import meta_train
+from flows.publishing import prefect_artifact_keys
+from pipeline.artifacts import ArtifactStore, Manifest
+from pipeline.dataset import inspect_episodes
+from tests.flow_runs import tiny_config, tiny_document, tiny_point_robot, write_config
+
+pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_session")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class FirstRun:
+    data: Path
+    work: Path
+    stdout: str
+    manifest: Manifest
+    store: ArtifactStore
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
+    """``offmeta run`` on the tiny dataset, once for the module."""
+    data = tiny_point_robot(tmp_path_factory.mktemp("point_robot"))
+    work = tmp_path_factory.mktemp("work")
+    config = write_config(work / "run.yaml", tiny_document(data, work))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = main(["run", "--config", str(config)])
+    assert status == 0, stdout.getvalue()
+    store = ArtifactStore(work / "artifacts")
+    return FirstRun(data, work, stdout.getvalue(), store.get("tiny-robot:1"), store)
+
+
+@contextlib.contextmanager
+def _crash_once_after(iteration: int) -> Iterator[list[int]]:
+    calls: list[int] = []
+
+    def hook(done: int) -> None:
+        calls.append(done)
+        if done == iteration and calls.count(done) == 1:
+            raise RuntimeError(f"injected crash after the checkpoint at iteration {done}")
+
+    flows.training._checkpoint_hook = hook
+    try:
+        yield calls
+    finally:
+        flows.training._checkpoint_hook = None
+
+
+def test_offmeta_run_prints_the_evaluation_table_and_the_reference(first_run: FirstRun) -> None:
+    lines = first_run.stdout.strip().splitlines()
+    assert lines[0] == (
+        "held-out evaluation: 4 tasks, K=5 support / Q=5 query transitions, "
+        "2 point_robot episodes per task"
+    )
+    measures = [line.split("  ")[0] for line in lines[3:10]]
+    assert measures == [
+        "query loss, before adaptation",
+        "query loss, after 1 step",
+        "query loss, after 5 steps",
+        "query loss, after 10 steps",
+        "return, unadapted",
+        "return, adapted (2 steps)",
+        "return, expert",
+    ]
+    manifest_path = first_run.work / "artifacts" / "names" / "tiny-robot" / "versions"
+    assert lines[-1] == (f"published tiny-robot:1: {(manifest_path / '00000001.json').as_uri()}")
+
+
+def test_the_published_version_records_its_lineage(first_run: FirstRun) -> None:
+    manifest = first_run.manifest
+    lineage = manifest.lineage
+    assert lineage.dataset_fingerprint == inspect_episodes(first_run.data / "train").fingerprint
+    assert lineage.parent is None
+    assert lineage.weights_seq_no == 12
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert lineage.code_version.removesuffix("+dirty") == head
+    assert manifest.config == tiny_config(first_run.data, first_run.work).model_dump(mode="json")
+    assert manifest.metrics["iterations"] == 12
+    assert {"history.json", "learning_curve.png"} <= set(manifest.files)
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(UUID(lineage.flow_run_id))
+    assert flow_run.state.is_completed()
+    run_dir = first_run.work / "runs" / lineage.flow_run_id / "checkpoints"
+    assert lineage.extras["checkpoint"] == str(run_dir / "ckpt-00000012")
+
+
+def test_prefect_shows_the_version_as_link_table_markdown_and_progress(
+    first_run: FirstRun,
+) -> None:
+    flow_run_id = UUID(first_run.manifest.lineage.flow_run_id)
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    by_key = {artifact.key: artifact for artifact in artifacts}
+    keys = prefect_artifact_keys("tiny-robot")
+    assert {by_key[keys[kind]].type for kind in ("link", "table", "markdown", "progress")} == {
+        "markdown",  # link artifacts are stored as markdown
+        "table",
+        "progress",
+    }
+    assert first_run.manifest.spec in by_key[keys["link"]].data
+    assert "file://" in by_key[keys["link"]].data
+    assert "query loss, before adaptation" in by_key[keys["table"]].data
+    assert "# tiny-robot:1" in by_key[keys["markdown"]].data
+    assert by_key[keys["progress"]].data == 100.0
+
+
+def test_refused_input_fails_the_run_before_anything_is_written(
+    first_run: FirstRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = tiny_document(
+        first_run.data, tmp_path, ["learners.modules.default_policy.obs_dim=3"]
+    )
+    config = write_config(tmp_path / "bad.yaml", document)
+    assert main(["run", "--config", str(config)]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"offmeta run: failed: DatasetError: train dataset {first_run.data / 'train'}: "
+        "observations have shape [2] (2 values) but learners.modules.default_policy.obs_dim "
+        "is 3; expected obs_dim: 2"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_a_retried_training_task_resumes_from_its_checkpoint(
+    first_run: FirstRun, tmp_path: Path
+) -> None:
+    cfg = tiny_config(first_run.data, tmp_path)
+    with _crash_once_after(8) as calls:
+        summary = meta_train(cfg)
+    # Attempt 1 checkpointed at 4 and 8 and crashed; attempt 2 resumed at 8.
+    assert calls == [4, 8, 12]
+    assert summary.resumed_from == 8
+    store = ArtifactStore(tmp_path / "artifacts")
+    manifest = store.get(summary.artifact)
+    assert manifest.lineage.extras["resumed_from_iteration"] == 8
+    assert manifest.lineage.weights_seq_no == 12
+    resumed = store.load_params(summary.artifact)["default_policy"]
+    straight = first_run.store.load_params("tiny-robot:1")["default_policy"]
+    assert resumed.keys() == straight.keys()
+    for name in straight:
+        assert torch.equal(resumed[name], straight[name]), name
+    assert store.read_file(summary.artifact, "history.json") == first_run.store.read_file(
+        "tiny-robot:1", "history.json"
+    )
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(summary.flow_run_id)]))
+        )
+    train_run = next(run for run in task_runs if run.task_key.startswith("train"))
+    assert train_run.state.is_completed()
+    assert train_run.run_count == 2
+
+
+def test_warm_start_continues_from_latest_and_records_the_parent(first_run: FirstRun) -> None:
+    cfg = tiny_config(first_run.data, first_run.work, ["training.warm_start=true"])
+    summary = meta_train(cfg)
+    assert summary.parent == "tiny-robot:1"
+    manifest = first_run.store.get(summary.artifact)
+    assert manifest.version >= 2
+    assert manifest.lineage.parent == "tiny-robot:1"
+    assert manifest.lineage.weights_seq_no == 24
+    assert [m.spec for m in first_run.store.lineage(summary.artifact)][-1] == "tiny-robot:1"

@@ -1,0 +1,166 @@
+"""The flow's stages as plain functions and through ``task.fn()`` (no Prefect server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.evaluation import EvaluationReport
+from flows.meta_train import (
+    _transient,
+    evaluate_learner,
+    publish_result,
+    train_learner,
+    validate_dataset,
+)
+from flows.publishing import LEARNER_JSON, LEARNER_TENSORS
+from learners.meta import MetaLearner
+from pipeline.artifacts import ArtifactStore
+from pipeline.checkpoints import parse_state
+from pipeline.schema import DatasetError
+from pipeline.synthetic import SinusoidTasks, generate
+from tests.flow_runs import tiny_config, tiny_point_robot
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_point_robot(tmp_path_factory.mktemp("point_robot"))
+
+
+def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None:
+    cfg = tiny_config(data, tmp_path)
+    datasets = validate_dataset.fn(cfg)
+    assert datasets.summary()["train"]["tasks"] == 12
+    assert datasets.summary()["heldout"]["tasks"] == 4
+
+    trained = train_learner.fn(cfg, datasets)
+    # Outside a flow run the run directory is <checkpoint_dir>/local.
+    checkpoints = tmp_path / "runs" / "local" / "checkpoints"
+    assert trained.checkpoint == checkpoints / "ckpt-00000012"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000008", "ckpt-00000012"]
+    assert trained.iterations == trained.weights_seq_no == 12
+    assert trained.resumed_from is None and trained.parent is None
+    assert {name: len(values) for name, values in trained.history.items()} == {
+        "query_loss": 3,
+        "support_loss_before": 3,
+        "support_loss_after": 3,
+        "grad_norm": 3,
+    }
+    assert trained.final_metrics["query_loss"] == trained.history["query_loss"][-1]
+
+    report = evaluate_learner.fn(cfg, trained, datasets)
+    assert report.tasks == 4
+    assert list(report.query_loss) == [0, 1, 5, 10]
+    assert list(report.returns) == ["unadapted", "adapted", "expert"]
+    assert (report.environment, report.rollout_episodes, report.rollout_adapt_steps) == (
+        "point_robot",
+        2,
+        2,
+    )
+
+    ref = publish_result.fn(cfg, trained, report, datasets)
+    store = ArtifactStore(cfg.artifacts.root)
+    manifest = store.get(str(ref))
+    assert str(ref) == "tiny-robot:1"
+    assert manifest.lineage.dataset_fingerprint == datasets.train.fingerprint
+    assert manifest.lineage.flow_run_id is None
+    assert manifest.lineage.weights_seq_no == 12
+    assert manifest.lineage.extras["heldout_fingerprint"] == datasets.heldout.fingerprint
+    assert manifest.config == cfg.model_dump(mode="json")
+    assert manifest.metrics["heldout_query_loss_0_steps"] == report.query_loss[0]
+    assert manifest.metrics["train_query_loss"] == trained.final_metrics["query_loss"]
+    assert {"history.json", "learning_curve.png", LEARNER_TENSORS, LEARNER_JSON} <= set(
+        manifest.files
+    )
+    # The attached learner state rebuilds the learner, learned state and all.
+    state = parse_state(store.read_file(ref, LEARNER_TENSORS), store.read_file(ref, LEARNER_JSON))
+    rebuilt = MetaLearner.from_state(state)
+    for name, tensor in store.load_params(ref)["default_policy"].items():
+        assert torch.equal(rebuilt.meta_params["default_policy"][name], tensor)
+
+
+def test_a_module_that_does_not_fit_the_data_is_refused(data: Path, tmp_path: Path) -> None:
+    cfg = tiny_config(data, tmp_path, ["learners.modules.default_policy.obs_dim=3"])
+    with pytest.raises(DatasetError) as caught:
+        validate_dataset.fn(cfg)
+    assert str(caught.value) == (
+        f"train dataset {data / 'train'}: observations have shape [2] (2 values) but "
+        "learners.modules.default_policy.obs_dim is 3; expected obs_dim: 2"
+    )
+    cfg = tiny_config(data, tmp_path, ["learners.modules={agent: {obs_dim: 2, action_dim: 2}}"])
+    with pytest.raises(DatasetError) as caught:
+        validate_dataset.fn(cfg)
+    assert str(caught.value) == (
+        f"train dataset {data / 'train'} has no rows of module 'agent', which learners.modules "
+        "trains; its modules are ['default_policy'] (rename the module in the config, or list "
+        "the ones to train in learners.modules_to_update)"
+    )
+
+
+def test_held_out_tasks_of_another_family_are_refused(data: Path, tmp_path: Path) -> None:
+    other = tmp_path / "sinusoid"
+    generate(SinusoidTasks(), other, tasks=2, heldout_tasks=2)
+    cfg = tiny_config(data, tmp_path, [f"data.heldout={other / 'heldout'}"])
+    with pytest.raises(DatasetError) as caught:
+        validate_dataset.fn(cfg)
+    assert str(caught.value) == (
+        f"held-out dataset {other / 'heldout'}: obs_shape is [1] but the train dataset "
+        f"{data / 'train'} has [2]; expected held-out tasks of the same task family "
+        "(data.heldout must match data.train)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (RuntimeError("worker died"), True),
+        (OSError("disk full"), True),
+        (DatasetError("bad file"), False),
+        (TypeError("bad batch"), False),
+        (NotImplementedError("num_learners"), False),
+        (FloatingPointError("non-finite meta-gradient"), False),
+    ],
+)
+def test_only_transient_failures_are_retried(error: Exception, retried: bool) -> None:
+    from prefect.states import Failed
+
+    assert _transient(None, None, Failed(data=error)) is retried  # type: ignore[arg-type]
+
+
+def test_the_report_table_compares_with_before_adaptation() -> None:
+    report = EvaluationReport(
+        tasks=50,
+        support=10,
+        query=10,
+        query_loss={0: 0.004, 1: 0.002, 5: 0.001},
+        returns={"unadapted": -15.0, "adapted": -6.5, "expert": -4.5},
+        environment="point_robot",
+        rollout_episodes=10,
+        rollout_adapt_steps=5,
+    )
+    assert report.format() == "\n".join(
+        [
+            "held-out evaluation: 50 tasks, K=10 support / Q=10 query transitions, "
+            "10 point_robot episodes per task",
+            "measure                        value  change",
+            "-----------------------------  -----  ------",
+            "query loss, before adaptation  0.004",
+            "query loss, after 1 step       0.002  -50.0%",
+            "query loss, after 5 steps      0.001  -75.0%",
+            "return, unadapted                -15",
+            "return, adapted (5 steps)       -6.5    +8.5",
+            "return, expert                  -4.5   +10.5",
+        ]
+    )
+    assert report.metrics() == {
+        "heldout_query_loss_0_steps": 0.004,
+        "heldout_query_loss_1_steps": 0.002,
+        "heldout_query_loss_5_steps": 0.001,
+        "heldout_return_unadapted": -15.0,
+        "heldout_return_adapted": -6.5,
+        "heldout_return_expert": -4.5,
+    }

@@ -1,0 +1,158 @@
+"""Scale-out on Ray Train: averaged meta-gradients equal one learner's over all tasks, CPU
+shares that leave room for Ray Data reads, and a run that loses a worker mid-way and still
+ends with the parameters of an uninterrupted single-learner run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flows.config import validate_config
+from flows.scale_out import ParametersDivergedError, scaling_config, worker_cpus
+from learners import MetaLearner, data_parallel
+from learners.data_parallel import pack_gradients, params_checksum, unpack_gradients
+
+_LEARNER = {
+    "modules": {"m": {"obs_dim": 1, "action_dim": 1, "model": {"hidden_sizes": [8, 8]}}},
+    "inner": {"lr": 0.1},
+    "outer": {"lr": 0.01},
+}
+
+
+def _meta_batch(tasks: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+
+    def part(rows: int) -> dict:
+        x = torch.rand(tasks, rows, 1, generator=g) * 10 - 5
+        return {
+            "m": {"obs": x, "actions": torch.sin(x) * (1 + torch.rand(tasks, 1, 1, generator=g))}
+        }
+
+    return {"support": part(5), "query": part(5)}
+
+
+def _split(meta_batch: dict, cut: int) -> tuple[dict, dict]:
+    def take(index: slice) -> dict:
+        return {
+            part: {m: {c: t[index] for c, t in cols.items()} for m, cols in batch.items()}
+            for part, batch in meta_batch.items()
+        }
+
+    return take(slice(None, cut)), take(slice(cut, None))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cut", [4, 3], ids=["equal-halves", "3-and-5-tasks"])
+def test_averaged_gradients_of_two_workers_equal_one_learner_on_all_tasks(cut):
+    whole = MetaLearner(_LEARNER)
+    workers = [MetaLearner(_LEARNER), MetaLearner(_LEARNER)]
+    for step in range(3):
+        meta_batch = _meta_batch(8, seed=step)
+        whole.step(meta_batch)
+        shares = _split(meta_batch, cut)
+        computed = [w.compute_meta_gradients(s) for w, s in zip(workers, shares, strict=True)]
+        # What the all-reduce does: sum every worker's buffer.
+        summed = sum(pack_gradients(grads, m["num_tasks"]) for grads, m in computed)
+        for worker, (grads, _) in zip(workers, computed, strict=True):
+            worker.apply_meta_gradients(unpack_gradients(summed.clone(), grads))
+    for worker in workers:
+        assert worker.weights_seq_no == whole.weights_seq_no == 3
+        for name, expected in whole.meta_params["m"].items():
+            torch.testing.assert_close(worker.meta_params["m"][name], expected, rtol=0, atol=1e-5)
+    assert params_checksum(workers[0]) == params_checksum(workers[1])
+
+
+@pytest.mark.timeout(30)
+def test_the_checksum_sees_one_changed_parameter_and_swapped_entries():
+    learner, other = MetaLearner(_LEARNER), MetaLearner(_LEARNER)
+    assert params_checksum(learner) == params_checksum(other)
+    with torch.no_grad():
+        bias = other.meta_params["m"]["layers.0.bias"]
+        bias[[0, 1]] = bias[[1, 0]]
+    assert params_checksum(learner) != params_checksum(other)
+
+
+class _TwoWorkers:
+    """``torch.distributed`` as seen by rank 0 of two workers whose other worker holds
+    ``other``'s parameters (only what ``check_in_sync`` calls)."""
+
+    ReduceOp = torch.distributed.ReduceOp
+
+    def __init__(self, other: MetaLearner) -> None:
+        self.other = params_checksum(other)
+
+    def all_reduce(self, extremes: torch.Tensor, op: object) -> None:
+        assert op == self.ReduceOp.MAX
+        extremes.copy_(torch.maximum(extremes, torch.stack([self.other, -self.other])))
+
+    def get_world_size(self) -> int:
+        return 2
+
+    def get_rank(self) -> int:
+        return 0
+
+
+@pytest.mark.timeout(30)
+def test_workers_whose_parameters_differ_stop_with_a_clear_error(monkeypatch):
+    learner, other = MetaLearner(_LEARNER), MetaLearner(_LEARNER)
+    monkeypatch.setattr(data_parallel, "dist", _TwoWorkers(other))
+    data_parallel.check_in_sync(learner, iteration=7)  # identical: nothing happens
+    with torch.no_grad():
+        other.meta_params["m"]["layers.2.bias"].add_(1e-6)
+    monkeypatch.setattr(data_parallel, "dist", _TwoWorkers(other))
+    mine, theirs = float(params_checksum(learner)), float(params_checksum(other))
+    with pytest.raises(ParametersDivergedError) as error:
+        data_parallel.check_in_sync(learner, iteration=7)
+    assert str(error.value) == (
+        f"meta-parameters differ between the 2 workers at iteration 7 (weights_seq_no 0): "
+        f"checksums range from {min(mine, theirs)!r} to {max(mine, theirs)!r}, this worker "
+        f"(rank 0) has {mine!r}; expected one value. The workers must start from the same "
+        "learner state and apply the same averaged meta-gradients"
+    )
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("learners", "cpus", "reserved", "share"),
+    [(2, 2, 0.5, 0.75), (1, 2, 0.5, 1.0), (3, 2, 0.5, 0.5), (4, 64, 0.5, 1.0), (3, 2, 0, 0.6666)],
+)
+def test_workers_share_what_the_read_reservation_leaves(learners, cpus, reserved, share):
+    assert worker_cpus(learners, cpus, reserved) == pytest.approx(share, abs=1e-9)
+    assert learners * worker_cpus(learners, cpus, reserved) <= cpus - reserved
+
+
+@pytest.mark.timeout(30)
+def test_a_reservation_that_leaves_no_cpu_is_refused():
+    with pytest.raises(ValueError) as error:
+        worker_cpus(2, 2, 2.5)
+    assert str(error.value) == (
+        "ray.reserved_read_cpus=2.5 leaves 0 of the cluster's 2 CPUs for 2 learners; expected "
+        "at least 0.0002. Lower ray.reserved_read_cpus or join a larger cluster (ray.address)"
+    )
+
+
+def _config(tmp_path, **training) -> object:
+    return validate_config(
+        {
+            "data": {"train": str(tmp_path / "train"), "heldout": str(tmp_path / "heldout")},
+            "learners": {"num_learners": 2},
+            "training": training,
+            "artifacts": {"name": "scale", "root": str(tmp_path / "artifacts")},
+        }
+    )
+
+
+@pytest.mark.timeout(30)
+def test_a_run_the_cluster_cannot_place_is_refused(tmp_path):
+    on_gpus = _config(tmp_path, device="cuda")
+    with pytest.raises(ValueError) as error:
+        scaling_config(on_gpus, {"CPU": 8.0})
+    assert str(error.value) == (
+        "training.device='cuda' with learners.num_learners=2 needs 2 GPUs (one per worker); "
+        "the Ray cluster has 0. Lower num_learners or set training.device to 'cpu'"
+    )
+    with pytest.raises(ValueError, match=r"training\.device=.mps. is not available on Ray Train"):
+        scaling_config(_config(tmp_path, device="mps"), {"CPU": 8.0})
+    placed = scaling_config(_config(tmp_path), {"CPU": 2.0})
+    assert (placed.num_workers, placed.use_gpu, placed.num_cpus_per_worker) == (2, False, 0.75)

@@ -1,0 +1,88 @@
+"""Two Ray Train workers, one killed mid-run: the run restarts from its last checkpoint,
+finishes every iteration, and ends where one in-process learner with both workers' tasks
+ends (the workers' M/2 tasks per step together are that learner's M)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flows.scale_out.driver as driver
+from flows.config import validate_config
+from flows.datasets import Datasets
+from flows.evaluation import evaluate
+from flows.publishing import publish
+from flows.scale_out import train_on_ray
+from flows.training import train
+from pipeline.artifacts import ArtifactStore
+from pipeline.dataset import read_episodes
+from pipeline.synthetic import SinusoidTasks, generate
+
+ITERATIONS, TASKS_PER_STEP = 8, 8
+
+
+def _config(root, *, learners: int, run: str):
+    return validate_config(
+        {
+            "data": {
+                "train": str(root / "data" / "train"),
+                "heldout": str(root / "data" / "heldout"),
+            },
+            # 16 tasks of 20 points give 32 samples of 5 + 5: 4 steps per epoch, so the
+            # run crosses an epoch and the restart resumes a stream mid-way.
+            "tasks": {"support": 5, "query": 5, "meta_batch": TASKS_PER_STEP // max(learners, 1)},
+            "learners": {"num_learners": learners, "outer": {"lr": 0.01}},
+            "training": {
+                "iterations": ITERATIONS,
+                "log_every": 2,
+                "checkpoint_every": 2,
+                "checkpoint_dir": str(root / run),
+                "retries": 2,
+            },
+            "evaluation": {"tasks": 4, "steps": [0, 1]},
+            "artifacts": {"name": "scale-out", "root": str(root / "artifacts")},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory, ray_session):
+    root = tmp_path_factory.mktemp("scale")
+    generate(SinusoidTasks(), root / "data", tasks=16, heldout_tasks=4, seed=0)
+    return root, Datasets(
+        train=read_episodes(root / "data" / "train"),
+        heldout=read_episodes(root / "data" / "heldout"),
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_worker_restarts_and_the_run_matches_one_learner(datasets, monkeypatch):
+    root, data = datasets
+    reference = train(_config(root, learners=0, run="one"), data.train, run_dir=root / "one")
+
+    cfg = _config(root, learners=2, run="two")
+    monkeypatch.setattr(driver, "_fail_at", {"rank": 1, "iteration": 5})
+    result = train_on_ray(cfg, data.train, run_dir=root / "two")
+
+    assert (result.restarts, result.num_learners, result.iterations) == (1, 2, ITERATIONS)
+    assert result.resumed_from == 4  # the last checkpoint before the failure
+    assert result.weights_seq_no == reference.weights_seq_no == ITERATIONS
+    assert result.checkpoint.is_relative_to(root / "two")
+    for name, expected in reference.learner_state["params"]["default_policy"].items():
+        found = result.learner_state["params"]["default_policy"][name]
+        torch.testing.assert_close(found, expected, rtol=0, atol=1e-5)
+    assert result.history.keys() == reference.history.keys()
+    for metric, curve in reference.history.items():
+        assert len(result.history[metric]) == ITERATIONS // 2
+        assert result.history[metric] == pytest.approx(curve, rel=1e-5), metric
+    assert result.final_metrics == {name: c[-1] for name, c in result.history.items()}
+
+    report = evaluate(cfg, result.learner_state, data.heldout)
+    ref = publish(cfg, result, report, data, flow_run_id=None, code_version=None)
+    store = ArtifactStore(cfg.artifacts.root)
+    published = store.load_params(ref, device="cpu")
+    for name, tensor in result.learner_state["params"]["default_policy"].items():
+        assert torch.equal(published["default_policy"][name], tensor)
+    extras = store.get("scale-out").lineage.extras
+    assert extras["resumed_from_iteration"] == result.resumed_from
+    assert (extras["restarts"], extras["num_learners"]) == (1, 2)
