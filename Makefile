@@ -4,6 +4,9 @@ PYTHON ?= python3.11
 VENV := .venv
 HASH := $(shell sha256sum pyproject.toml | cut -c1-16)
 STAMP := $(VENV)/.installed-$(HASH)
+# torch is pinned here (the CPU wheel on the development machine's disk); the package itself
+# keeps a range so that GPU users get their build.
+TORCH_VERSION ?= 2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export RAY_DATA_PARQUET_FOOTER_NUM_ACTORS ?= 1
 
@@ -15,15 +18,13 @@ $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing offmeta into $(VENV) (pyproject.toml changed)"
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	# torch is pinned here (the CPU wheel on this machine's disk); the package keeps a range.
-	$(VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VENV)/bin/python -m pip install --quiet torch==$(TORCH_VERSION)
 	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
 run: venv
-	$(VENV)/bin/offmeta data validate data/samples/sinusoid/train data/samples/sinusoid/heldout \
-		data/samples/point_robot/train data/samples/point_robot/heldout
+	$(VENV)/bin/offmeta run --config flows/configs/point_robot.yaml
 
 test: venv
 	$(VENV)/bin/python -m pytest
