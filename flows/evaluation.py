@@ -30,7 +30,7 @@ from learners.models import build_model
 from pipeline.batching import finalize
 from pipeline.dataset import Episodes
 from pipeline.synthetic.point_robot import expert_actions, rollout_returns
-from pipeline.tasks import TaskSamples, task_samples
+from pipeline.tasks import task_samples
 
 _log = logging.getLogger(__name__)
 
@@ -128,7 +128,12 @@ def evaluate(
         modules_to_update=learner.config.trained_modules,
         skip_small_tasks=cfg.tasks.skip_small_tasks,
     )
-    meta_batch, task_ids = one_sample_per_task(samples, settings.tasks, seed=settings.seed)
+    if len(samples.module_ids) != 1:
+        raise ValueError(
+            f"held-out evaluation supports one module per dataset for now; the held-out data "
+            f"has modules {list(samples.module_ids)}"
+        )
+    meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
     meta_batch = finalize(meta_batch, learner.device)
     query_loss = learner.evaluate(meta_batch, steps=settings.steps)
     environment = _environment_name(heldout.metadata)
@@ -156,48 +161,6 @@ def evaluate(
     )
     logger.info("%s", report.format())
     return report
-
-
-def one_sample_per_task(
-    samples: TaskSamples, num_tasks: int, *, seed: int
-) -> tuple[dict[str, Any], list[str]]:
-    """A meta-batch with one K + Q sample from each of ``num_tasks`` tasks (all tasks if
-    fewer), tasks in id order, and their ids.
-
-    Single-module data only: it relies on ``TaskSamples`` storing one row group per task,
-    in ``task_ids`` order, when there is one module.
-    """
-    if len(samples.module_ids) != 1:
-        raise ValueError(
-            f"held-out evaluation supports one module per dataset for now; the held-out data "
-            f"has modules {list(samples.module_ids)}"
-        )
-    groups = np.flatnonzero(samples.group_samples > 0)
-    rng = np.random.default_rng(seed)
-    chosen = np.sort(rng.choice(len(groups), size=min(num_tasks, len(groups)), replace=False))
-    size = samples.support + samples.query
-    rows = np.stack(
-        [
-            rng.choice(
-                np.arange(samples.group_offsets[g], samples.group_offsets[g + 1]), size, False
-            )
-            for g in groups[chosen]
-        ]
-    )
-    module = samples.module_ids[0]
-    meta_batch = {
-        part: {
-            module: {
-                name: torch.from_numpy(np.take(array, index, axis=0))
-                for name, array in samples.arrays.items()
-            }
-        }
-        for part, index in (
-            ("support", rows[:, : samples.support]),
-            ("query", rows[:, samples.support :]),
-        )
-    }
-    return meta_batch, [samples.task_ids[i] for i in chosen]
 
 
 Rollouts = Callable[

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
-_LOSSES = ("query_loss", "support_loss_before", "support_loss_after")
-
 
 class TrainingProgress:
     """``on_log`` callback of ``learners.training.run_meta_training``.

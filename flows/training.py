@@ -27,7 +27,7 @@ from pipeline.artifacts import ArtifactNotFoundError, ArtifactStore
 from pipeline.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.dataset import Episodes
 from pipeline.streams import split_for_learners
-from pipeline.tasks import task_samples
+from pipeline.tasks import TaskSamples, task_samples
 
 _log = logging.getLogger(__name__)
 
@@ -78,22 +78,14 @@ def train(
     """
     logger = logger or _log
     if cfg.learners.num_learners > 0:
-        # Imported here: flows.scale_out imports this module (TrainResult, warm_start).
+        # Imported here: flows.scale_out imports this module (TrainResult,
+        # build_task_samples, warm_start).
         from flows.scale_out import train_on_ray
 
         return train_on_ray(cfg, data, run_dir=run_dir, logger=logger)
     training, tasks = cfg.training, cfg.tasks
     checkpoints = Path(run_dir) / "checkpoints"
-    samples = task_samples(
-        data,
-        support=tasks.support,
-        query=tasks.query,
-        modules_to_update=cfg.learners.trained_modules,
-        skip_small_tasks=tasks.skip_small_tasks,
-    )
-    logger.info("task samples: %s", samples.summary())
-    if samples.skipped_tasks:
-        logger.warning("left out %d tasks smaller than K + Q", len(samples.skipped_tasks))
+    samples = build_task_samples(cfg, data, logger)
     (stream,) = split_for_learners(
         samples, 1, minibatch_size=tasks.meta_batch, seed=tasks.seed, device=training.device
     )
@@ -155,6 +147,25 @@ def train(
         checkpoint=final,
         tasks=samples.summary(),
     )
+
+
+def build_task_samples(
+    cfg: MetaTrainConfig, data: Episodes, logger: logging.Logger | logging.LoggerAdapter
+) -> TaskSamples:
+    """The training task samples ``cfg.tasks`` asks for, summarised in the log (with a
+    warning when tasks smaller than K + Q were left out)."""
+    tasks = cfg.tasks
+    samples = task_samples(
+        data,
+        support=tasks.support,
+        query=tasks.query,
+        modules_to_update=cfg.learners.trained_modules,
+        skip_small_tasks=tasks.skip_small_tasks,
+    )
+    logger.info("task samples: %s", samples.summary())
+    if samples.skipped_tasks:
+        logger.warning("left out %d tasks smaller than K + Q", len(samples.skipped_tasks))
+    return samples
 
 
 def warm_start(

@@ -29,6 +29,8 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from pipeline.artifacts.fsio import fsync_dir, write_file
+
 TENSORS_FILE = "tensors.safetensors"
 STATE_FILE = "state.json"
 FORMAT = 1
@@ -109,15 +111,15 @@ def save_checkpoint(
         # The JSON document goes last: a directory holding it is complete even if some
         # filesystem ignored the fsyncs.
         for name, data in ((TENSORS_FILE, tensor_bytes), (STATE_FILE, json_bytes)):
-            _write_synced(staging / name, data)
-        _fsync_dir(staging)
+            write_file(staging / name, data, durable=True)
+        fsync_dir(staging)
         final = root / f"ckpt-{step:08d}"
         if final.exists():
             retired = root / f".old-{step:08d}-{secrets.token_hex(4)}"
             final.rename(retired)
             shutil.rmtree(retired, ignore_errors=True)
         staging.rename(final)
-        _fsync_dir(root)
+        fsync_dir(root)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -216,18 +218,3 @@ def _decode(value: Any, tensors: Mapping[str, torch.Tensor], where: str) -> Any:
 
 def _json_bytes(document: Mapping[str, Any]) -> bytes:
     return (json.dumps(document, indent=1, allow_nan=False) + "\n").encode()
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

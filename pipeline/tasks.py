@@ -98,6 +98,38 @@ class TaskSamples:
         order = rng.permutation(len(rows))
         return rows[order], self.group_modules[sample_group[order]]
 
+    def one_per_task(self, num_tasks: int, *, seed: int) -> tuple[dict[str, Batch], list[str]]:
+        """A meta-batch of one K + Q sample from each of ``num_tasks`` tasks drawn with
+        ``seed`` (all tasks if fewer), tasks in ``task_ids`` order, and their ids.
+
+        Single-module samples only: there a task is one row group, stored in ``task_ids``
+        order; with several modules a task id may name several groups.
+        """
+        if len(self.module_ids) != 1:
+            raise ValueError(
+                f"one_per_task needs task samples of one module, these have modules "
+                f"{list(self.module_ids)}"
+            )
+        groups = np.flatnonzero(self.group_samples > 0)
+        rng = np.random.default_rng(seed)
+        chosen = np.sort(rng.choice(len(groups), size=min(num_tasks, len(groups)), replace=False))
+        size = self.support + self.query
+        rows = np.stack(
+            [
+                rng.choice(np.arange(self.group_offsets[g], self.group_offsets[g + 1]), size, False)
+                for g in groups[chosen]
+            ]
+        )
+        (module,) = self.module_ids
+        meta_batch: dict[str, Batch] = {
+            part: {module: {name: gather(array, index) for name, array in self.arrays.items()}}
+            for part, index in (
+                ("support", rows[:, : self.support]),
+                ("query", rows[:, self.support :]),
+            )
+        }
+        return meta_batch, [self.task_ids[i] for i in chosen]
+
 
 def task_samples(
     episodes: Episodes,

@@ -211,3 +211,17 @@ def test_task_sample_arguments_are_checked(episodes, samples):
         split_for_learners(samples, 1, minibatch_size=2, columns=["obs"])
     with pytest.raises(ValueError, match=r"ranks must be distinct learners in \[0, 2\)"):
         split_for_learners(samples, 2, minibatch_size=2, ranks=[2])
+
+
+def test_one_sample_per_task_is_disjoint_in_task_order_and_seeded(samples):
+    meta, task_ids = samples.one_per_task(4, seed=3)
+    assert task_ids == sorted(task_ids) and len(set(task_ids)) == 4
+    support, query = _ids(meta, "support"), _ids(meta, "query")
+    assert support.shape == (4, K) and query.shape == (4, Q)
+    for i, task in enumerate(task_ids):
+        rows = np.concatenate([support[i], query[i]])
+        assert len(set(rows)) == K + Q and set(TASK_OF[rows]) == {task}
+    again, same_ids = samples.one_per_task(4, seed=3)
+    assert same_ids == task_ids and np.array_equal(_ids(again, "query"), query)
+    _, every = samples.one_per_task(100, seed=0)
+    assert every == sorted(SIZES)

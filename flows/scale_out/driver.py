@@ -24,11 +24,10 @@ import torch
 
 from flows.config import MetaTrainConfig
 from flows.scale_out.worker import read_state, train_loop_per_worker
-from flows.training import TrainResult, warm_start
+from flows.training import TrainResult, build_task_samples, warm_start
 from learners.meta import MetaLearner
 from pipeline.checkpoints import CheckpointError
 from pipeline.dataset import Episodes
-from pipeline.tasks import task_samples
 
 _log = logging.getLogger(__name__)
 
@@ -102,16 +101,7 @@ def train_on_ray(
     if learners < 1:
         raise ValueError(f"learners.num_learners must be >= 1 on Ray Train, got {learners}")
     tasks, training = cfg.tasks, cfg.training
-    samples = task_samples(
-        data,
-        support=tasks.support,
-        query=tasks.query,
-        modules_to_update=cfg.learners.trained_modules,
-        skip_small_tasks=tasks.skip_small_tasks,
-    )
-    logger.info("task samples: %s", samples.summary())
-    if samples.skipped_tasks:
-        logger.warning("left out %d tasks smaller than K + Q", len(samples.skipped_tasks))
+    samples = build_task_samples(cfg, data, logger)
     scaling = scaling_config(cfg, ray.cluster_resources())
     initial_state, parent = _initial_state(cfg, logger)
     trainer = TorchTrainer(

@@ -59,22 +59,10 @@ _DTYPES: dict[str, tuple[str, int]] = {
 }
 # Below this many bytes, starting threads costs more than hashing on one core.
 _PARALLEL_HASH_BYTES = 4 << 20
-_CHUNK = 1 << 20
 
 
 def sha256_hex(data: bytes | memoryview) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def file_digest(path: Path) -> tuple[str, int]:
-    """Digest and size of a file's raw bytes, read in chunks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return "sha256:" + digest.hexdigest(), size
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Crash-safe file primitives: staged temp files, atomic publication, fsync, file locks.
 
+Shared by the artifact store and ``pipeline.checkpoints``.
+
 Every file of the store is first written completely under ``ROOT/tmp/`` and then made
 visible with one atomic step: ``os.link`` when the name must not exist yet (blobs,
 manifests: the kernel refuses a second writer, so an existing version is never
@@ -33,15 +35,22 @@ def temp_path(tmp_dir: Path, suffix: str = "") -> Path:
 def write_temp(tmp_dir: Path, data: bytes, *, durable: bool) -> Path:
     """Write ``data`` to a new temp file (fsynced when durable) and return its path."""
     path = temp_path(tmp_dir)
+    write_file(path, data, durable=durable)
+    return path
+
+
+def write_file(path: Path, data: bytes, *, durable: bool) -> None:
+    """Write ``data`` to ``path``; with ``durable`` its contents reach the disk before this
+    returns."""
     with open(path, "wb") as handle:
         handle.write(data)
         handle.flush()
         if durable:
             os.fsync(handle.fileno())
-    return path
 
 
 def fsync_file(path: Path) -> None:
+    """Persist the contents of a file written elsewhere (e.g. by safetensors)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

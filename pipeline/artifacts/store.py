@@ -70,7 +70,6 @@ RESERVED_FILES = frozenset(
     }
 )
 ExtraFile = str | os.PathLike[str] | tuple[str, bytes]
-RefLike = ArtifactRef | Manifest | str
 
 # Test seam for the crash tests: when set, publish calls it with "blobs-written" (blobs
 # durable, no lock taken yet) and "manifest-staged" (number claimed under the lock,
