@@ -36,6 +36,7 @@ from learners import (
     mse_loss,
     params_from_modules,
 )
+from learners.graph_memory import saved_tensor_bytes
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "sinusoid"
 
@@ -120,25 +121,6 @@ def bench_vmap_vs_loop() -> None:
     )
 
 
-def _saved_bytes(root: torch.Tensor) -> int:
-    """Bytes of distinct storages saved for backward in the graph behind `root`."""
-    seen, storages, stack = set(), {}, [root.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for attribute in dir(node):
-            if attribute.startswith("_saved_"):
-                value = getattr(node, attribute)
-                for item in value if isinstance(value, tuple | list) else (value,):
-                    if isinstance(item, torch.Tensor):
-                        storage = item.untyped_storage()
-                        storages[storage.data_ptr()] = storage.nbytes()
-        stack.extend(child for child, _ in node.next_functions)
-    return sum(storages.values())
-
-
 def bench_saved_memory() -> None:
     print("3. Saved-for-backward memory of the meta-loss (25 tasks) against inner steps")
     meta_batch = _sinusoid_batch(25, 10, np.random.default_rng(1))
@@ -156,7 +138,7 @@ def bench_saved_memory() -> None:
 
             return torch.func.vmap(task)(support, query).mean()
 
-        sizes = [_saved_bytes(meta_loss(steps)) / 1024 for steps in steps_range]
+        sizes = [saved_tensor_bytes([meta_loss(steps)]) / 1024 for steps in steps_range]
         slopes[algorithm] = float(np.polyfit(steps_range, sizes, 1)[0])
         row = ", ".join(f"{n}: {kib:.0f}" for n, kib in zip(steps_range, sizes, strict=True))
         print(f"   {algorithm:7s} KiB by steps {{{row}}}; slope {slopes[algorithm]:.1f} KiB/step")

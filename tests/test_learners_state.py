@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from learners import MetaLearner
+from learners.graph_memory import saved_tensor_bytes
 
 
 def _config(**overrides) -> dict:
@@ -104,32 +105,10 @@ def _live_graph_tensors() -> list[torch.Tensor]:
     ]
 
 
-def _saved_bytes(tensors: list[torch.Tensor]) -> int:
-    """Bytes of tensors saved for backward in the graphs behind `tensors` (freed ones: 0)."""
-    seen, storages, stack = set(), {}, [t.grad_fn for t in tensors]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for attribute in dir(node):
-            if not attribute.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, attribute)
-            except RuntimeError:  # already freed by a backward pass
-                continue
-            for item in value if isinstance(value, tuple | list) else (value,):
-                if isinstance(item, torch.Tensor):
-                    storages[item.untyped_storage().data_ptr()] = item.untyped_storage().nbytes()
-        stack.extend(child for child, _ in node.next_functions)
-    return sum(storages.values())
-
-
 def test_saved_bytes_sees_a_live_graph():
     x = torch.randn(100, requires_grad=True)
     y = (x * x).sum()
-    assert _saved_bytes([y]) >= 400
+    assert saved_tensor_bytes([y]) >= 400
     assert any(t is y for t in _live_graph_tensors())
 
 
@@ -146,7 +125,7 @@ def test_no_graph_outlives_a_meta_step(algorithm, vectorize):
         held.append(learner.step(batch))  # keeping the returned metrics must not keep a graph
         live = _live_graph_tensors()
         assert len(live) == len(baseline)
-        assert _saved_bytes(live) == _saved_bytes(baseline) == 0
+        assert saved_tensor_bytes(live) == saved_tensor_bytes(baseline) == 0
     learner.evaluate(batches[0], steps=(0, 2))
     learner.adapt(None, {"m": {c: t[0] for c, t in batches[0]["support"]["m"].items()}})
     assert len(_live_graph_tensors()) == len(baseline)
