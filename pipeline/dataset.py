@@ -52,6 +52,9 @@ class DatasetInfo:
     root: str
     """Directory of ``dataset.json`` (the common directory of the files)."""
     filesystem: pafs.FileSystem = field(repr=False, compare=False)
+    needs_normalising: bool = field(repr=False)
+    """Some column is stored in a non-canonical type (``fixed_size_list`` tensors, int64
+    ``t``) that reads convert; known from the footers, so reads open no file to decide."""
 
     def summary(self) -> dict[str, Any]:
         """Plain-JSON description for logs, the CLI and artifact lineage."""
@@ -111,6 +114,7 @@ def inspect_episodes(
         module_ids=module_ids,
         root=resolved.root,
         filesystem=resolved.filesystem,
+        needs_normalising=_needs_normalising(facts[0].types),
     )
 
 
@@ -135,28 +139,31 @@ def read_episodes(
         file_extensions=None,
         partitioning=None,
     )
+    fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
+    return Episodes(**fields, dataset=to_canonical(info, dataset))
+
+
+def to_canonical(info: DatasetInfo, dataset: ray.data.Dataset) -> ray.data.Dataset:
+    """``dataset``, a Ray read of ``info``'s validated files, with the canonical column
+    names and types: the one place that renames and converts, for ``read_episodes`` and
+    for the streams' per-epoch reads."""
     renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
     if renames:
         dataset = dataset.rename_columns(renames)
-    if _needs_normalising(info):
+    if info.needs_normalising:
         dataset = dataset.map_batches(
             _normalise_batch,
             batch_format="pyarrow",
             batch_size=None,
             zero_copy_batch=True,
         )
-    fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
-    return Episodes(**fields, dataset=dataset)
+    return dataset
 
 
-def _needs_normalising(info: DatasetInfo) -> bool:
-    with info.filesystem.open_input_file(info.files[0]) as handle:
-        schema = pq.ParquetFile(handle).schema_arrow
-    on_disk = {c: info.schema.column_map.get(c, c) for c in ("t", "obs", "new_obs", "actions")}
-    types = {c: schema.field(n).type for c, n in on_disk.items() if n in schema.names}
-    return pa.types.is_int64(types["t"]) or any(
-        pa.types.is_fixed_size_list(t) for t in types.values()
-    )
+def _needs_normalising(types: Mapping[str, pa.DataType]) -> bool:
+    """Whether reads must convert types (every file has the same types: validated)."""
+    tensors = [types[c] for c in ("obs", "new_obs", "actions") if c in types]
+    return pa.types.is_int64(types["t"]) or any(pa.types.is_fixed_size_list(t) for t in tensors)
 
 
 def _normalise_batch(batch: pa.Table) -> pa.Table:

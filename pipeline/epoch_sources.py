@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.batching import Batch, collate_minibatches, default_columns, module_codes
+from pipeline.dataset import to_canonical
 from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, EpisodeSchema
 
 # The driver maps every block it reads, so its memory follows the blocks in flight: small
@@ -212,7 +213,6 @@ def row_source(
 
     else:
         files, filesystem = list(source.files), source.filesystem
-        renames = {disk: canonical for canonical, disk in schema.column_map.items()}
 
         def tables(epoch: int) -> Iterator[pa.Table]:
             # A fresh read per epoch over the validated files in a seeded order. Ray's
@@ -220,9 +220,7 @@ def row_source(
             # handing out its first block; a file order streams from the first file.
             order = np.random.default_rng(seed + epoch).permutation(len(files))
             dataset = _read_parquet([files[i] for i in order], filesystem)
-            if renames:
-                dataset = dataset.rename_columns(renames)
-            dataset = selected(dataset)
+            dataset = selected(to_canonical(source, dataset))
             # Bounded read-ahead keeps a streamed epoch's memory flat whatever its size.
             limits = dataset.context.execution_options.resource_limits
             dataset.context.execution_options.resource_limits = limits.copy(

@@ -116,6 +116,21 @@ def _python(code: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _kill_publisher_at(root: Path, stage: str, ready: Path) -> None:
+    """Start a publisher that pauses at ``stage`` of publishing, and SIGKILL it there."""
+    child = _python(_PAUSED_PUBLISHER, str(root), stage, str(ready))
+    try:
+        _wait_for(lambda: ready.exists() or child.poll() is not None, 60, f"stage {stage}")
+        assert ready.exists(), child.communicate(timeout=10)[1]
+        os.kill(child.pid, signal.SIGKILL)
+        child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+    assert child.returncode == -signal.SIGKILL
+
+
 def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -177,18 +192,7 @@ def test_publisher_killed_mid_publish_leaves_no_partial_version(tmp_path, stage)
     root = tmp_path / "store"
     store = ArtifactStore(root, lock_timeout=10)
     first = _publish(store, 1.0, idempotency_key="run-1")
-    ready = tmp_path / "ready"
-    child = _python(_PAUSED_PUBLISHER, str(root), stage, str(ready))
-    try:
-        _wait_for(lambda: ready.exists() or child.poll() is not None, 60, f"stage {stage}")
-        assert ready.exists(), child.communicate(timeout=10)[1]
-        os.kill(child.pid, signal.SIGKILL)
-        child.communicate(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=10)
-    assert child.returncode == -signal.SIGKILL
+    _kill_publisher_at(root, stage, tmp_path / "ready")
 
     # Nothing of the killed publish is visible.
     assert store.list_versions("model") == [1]
@@ -221,16 +225,7 @@ def test_publisher_killed_mid_publish_leaves_no_partial_version(tmp_path, stage)
 @pytest.mark.timeout(60)
 def test_dangling_idempotency_record_from_a_crash_is_ignored_and_collected(tmp_path):
     root = tmp_path / "store"
-    ready = tmp_path / "ready"
-    child = _python(_PAUSED_PUBLISHER, str(root), "manifest-staged", str(ready))
-    try:
-        _wait_for(lambda: ready.exists() or child.poll() is not None, 60, "manifest-staged")
-        os.kill(child.pid, signal.SIGKILL)
-        child.communicate(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=10)
+    _kill_publisher_at(root, "manifest-staged", tmp_path / "ready")
     store = ArtifactStore(root, lock_timeout=10)
     assert store.list_names() == []
     # The key record written before the crash points at version 1, which another
