@@ -4,13 +4,16 @@ A source turns ``(epoch, rounds to skip)`` into *deals*: each deal hands every l
 the group the same number of collated batches. One producer thread runs the source for
 the whole group (see ``pipeline.streams``); the source knows nothing about threads.
 
-Row sources pull super-batches of ``superbatch_rows`` rows from Ray Data as Arrow tables
-(zero-copy) and cut them locally: Ray Data pays a fixed cost of about a millisecond per
-batch it hands out, so asking it for 512-row batches caps a stream at ~0.3 M rows/s,
-while cutting a 16K-row super-batch locally costs microseconds per minibatch.
-``superbatch_rows`` is a multiple of the minibatch size and Ray Data's batcher returns
-exactly that many rows per batch until the epoch ends, so every minibatch is full and
-only the epoch's final remainder is dropped (counted).
+Row sources take Ray Data's blocks as Arrow tables the moment they exist (see
+``pipeline.read_ahead``), re-cut them zero-copy into super-batches of ``superbatch_rows``
+rows, and cut minibatches from those locally. Ray Data pays a fixed cost of about a
+millisecond per batch it hands out, so asking it for 512-row batches caps a stream at
+~0.3 M rows/s, and even its own 16K-row batches cost the driver more CPU than the rest
+of the stream; cutting locally costs microseconds per minibatch. ``superbatch_rows`` is
+a multiple of the minibatch size and every super-batch has exactly that many rows until
+the epoch ends, so every minibatch is full and only the epoch's final remainder is
+dropped (counted). A Ray Train shard (a ``DataIterator``) gives no access to its blocks
+and is batched by Ray.
 
 Every epoch reads the files in a new order drawn from ``seed + epoch`` (a materialized
 dataset reshuffles its blocks instead) and shuffles the rows inside each super-batch, so
@@ -25,7 +28,8 @@ between Ray and the learners.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+import functools
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,13 +38,15 @@ import pyarrow as pa
 
 from pipeline.batching import Batch, collate_minibatches, default_columns, module_codes
 from pipeline.dataset import to_canonical
+from pipeline.read_ahead import file_windows, read_ahead
 from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, EpisodeSchema
 
 # The driver maps every block it reads, so its memory follows the blocks in flight: small
-# blocks and a bounded read-ahead keep a streamed epoch flat (Ray's defaults, 128 MiB
-# blocks and a budget of a fraction of the object store, let it grow with the dataset).
+# blocks and windows of files read one ahead keep a streamed epoch flat (Ray's defaults,
+# 128 MiB blocks and a budget of a fraction of the object store, let it grow with the
+# dataset). A window is cut by size on disk.
 _STREAM_BLOCK_BYTES = 16 << 20
-_READ_AHEAD_BYTES = 128 << 20
+_WINDOW_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -207,36 +213,41 @@ def row_source(
 
         def tables(epoch: int) -> Iterator[pa.Table]:
             # Blocks already sit in the object store: shuffling their order is cheap.
-            return iter_superbatches(
-                cached.randomize_block_order(seed=seed + epoch), superbatch_rows
-            )
+            shuffled = cached.randomize_block_order(seed=seed + epoch)
+            return cut_tables(read_ahead([lambda: shuffled]), superbatch_rows)
 
     else:
         files, filesystem = list(source.files), source.filesystem
+        sizes = [info.size for info in filesystem.get_file_info(files)]
 
         def tables(epoch: int) -> Iterator[pa.Table]:
-            # A fresh read per epoch over the validated files in a seeded order. Ray's
-            # randomize_block_order would wait for the whole epoch to be read before
-            # handing out its first block; a file order streams from the first file.
+            # A fresh read per epoch over the validated files in a seeded order, a window
+            # of files at a time (see pipeline.read_ahead). Ray's randomize_block_order
+            # would wait for the whole epoch to be read before handing out its first
+            # block; a file order streams from the first file.
             order = np.random.default_rng(seed + epoch).permutation(len(files))
-            dataset = _read_parquet([files[i] for i in order], filesystem)
-            dataset = selected(to_canonical(source, dataset))
-            # Bounded read-ahead keeps a streamed epoch's memory flat whatever its size.
-            limits = dataset.context.execution_options.resource_limits
-            dataset.context.execution_options.resource_limits = limits.copy(
-                object_store_memory=_READ_AHEAD_BYTES
+            windows = file_windows(
+                [files[i] for i in order], [sizes[i] for i in order], _WINDOW_BYTES
             )
-            return iter_superbatches(dataset, superbatch_rows)
+            reads = [
+                functools.partial(_read_window, source, window, selected) for window in windows
+            ]
+            return cut_tables(read_ahead(reads), superbatch_rows)
 
     return RowSource(tables, columns=chosen, modules_to_update=modules, exact=True, **options)
 
 
 def _read_parquet(files: list[str], filesystem: Any) -> Any:
-    """A Ray Dataset over ``files`` in this order, with Ray's first Parquet reader.
+    """A Ray Dataset over ``files`` in this order, with Ray's first Parquet reader and
+    one read task per file.
 
-    Measured here (Ray 2.60, 2 cores): the default reader (``use_datasource_v2``) reads
-    5M rows at a third to half the speed of this one and spends ~1 s per execution
-    listing files and starting its footer-reader actor, which a stream pays every epoch.
+    Measured here (Ray 2.60, 2 cores, 5M rows in 10 files): the default reader
+    (``use_datasource_v2``) reads at a third to half the speed of this one and spends ~1 s
+    per execution listing files and starting its footer-reader actor, which a stream
+    pays every epoch. Left to itself, Ray also splits each file's output into 14-20
+    blocks to reach its default of 200 blocks per read; every block costs the driver's
+    scheduling loop a few milliseconds, so one task per file (whose blocks are then cut
+    only by size) reads the same rows in 0.7x the time with 40% of the driver CPU.
     The reader is chosen per read, so nothing global changes.
 
     ``ParquetDatasource`` lives in Ray's private ``ray.data._internal`` (checked against
@@ -249,23 +260,48 @@ def _read_parquet(files: list[str], filesystem: Any) -> Any:
     datasource = ParquetDatasource(
         files, filesystem=filesystem, partitioning=None, file_extensions=None
     )
-    return ray.data.read_datasource(datasource)
+    return ray.data.read_datasource(datasource, override_num_blocks=len(files))
 
 
-def iter_superbatches(iterable: Any, superbatch_rows: int) -> Iterator[pa.Table]:
-    """Arrow super-batches from a Ray ``Dataset`` or ``DataIterator``.
+def _read_window(source: Any, files: list[str], selected: Callable[[Any], Any]) -> Any:
+    return selected(to_canonical(source, _read_parquet(files, source.filesystem)))
 
-    ``prefetch_batches=1``: the stream's own queues already keep the next super-batches
-    ready, and each extra prefetched batch is another super-batch held in memory.
-    """
+
+def iter_superbatches(shard: Any, superbatch_rows: int) -> Iterator[pa.Table]:
+    """Arrow super-batches of a Ray ``DataIterator`` (a Ray Train shard), batched by Ray:
+    a shard gives no access to its blocks. ``prefetch_batches=1``: the stream's queues
+    already keep batches ready."""
     return iter(
-        iterable.iter_batches(
+        shard.iter_batches(
             batch_size=superbatch_rows,
             batch_format="pyarrow",
             prefetch_batches=1,
             drop_last=False,
         )
     )
+
+
+def cut_tables(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """Re-cut a sequence of tables into tables of exactly ``rows`` rows, in order, and a
+    shorter last one; zero-copy (a table spanning two inputs has their chunks)."""
+    held: list[pa.Table] = []
+    count = 0
+    for table in tables:
+        start = 0
+        while count + table.num_rows - start >= rows:
+            held.append(table.slice(start, rows - count))
+            start += rows - count
+            yield _concat(held)
+            held, count = [], 0
+        if start < table.num_rows:
+            held.append(table.slice(start))
+            count += table.num_rows - start
+    if count:
+        yield _concat(held)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 def resolve_columns(schema: EpisodeSchema, columns: Sequence[str] | None) -> tuple[str, ...]:

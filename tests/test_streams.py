@@ -127,6 +127,20 @@ def test_restore_resumes_with_identical_batches(episodes):
 
 
 @pytest.mark.timeout(120)
+def test_reading_a_file_per_window_gives_the_same_batches(episodes, monkeypatch):
+    """Windows (pipeline.read_ahead) decide when files are read, never the row order."""
+    [one_window] = _streams(episodes, seed=4)
+    with one_window:
+        expected = _take_ids(one_window, 2 * PER_EPOCH)
+    monkeypatch.setattr("pipeline.epoch_sources._WINDOW_BYTES", 1)
+    [windowed] = _streams(episodes, seed=4)
+    with windowed:
+        got = _take_ids(windowed, 2 * PER_EPOCH)
+
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+@pytest.mark.timeout(120)
 def test_two_learners_resume_exactly_and_refuse_mismatched_epochs(cached):
     def lockstep(streams, steps):
         taken = [[] for _ in streams]

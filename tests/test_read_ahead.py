@@ -1,0 +1,104 @@
+"""Read-ahead over Ray executions: order, the two-window bound, errors, early close;
+and the zero-copy re-cutting of blocks into super-batches."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.epoch_sources import cut_tables
+from pipeline.read_ahead import file_windows, read_ahead
+
+
+def _values(tables) -> list[int]:
+    return [v for table in tables for v in table.column("x").to_pylist()]
+
+
+def _dataset(start: int, stop: int, blocks: int = 3):
+    import ray.data
+
+    pieces = np.array_split(np.arange(start, stop), blocks)
+    return ray.data.from_arrow([pa.table({"x": piece}) for piece in pieces])
+
+
+def test_file_windows_cut_by_size_and_keep_order():
+    files = ["a", "b", "c", "d", "e"]
+    assert file_windows(files, [40, 40, 30, 100, 10], 100) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert file_windows(files, [1] * 5, 100) == [files]
+    assert file_windows(["big"], [500], 100) == [["big"]]
+    assert file_windows([], [], 100) == []
+
+
+def test_cut_tables_gives_exact_sizes_across_inputs_without_copying():
+    inputs = [pa.table({"x": np.arange(a, b)}) for a, b in [(0, 5), (5, 6), (6, 17)]]
+    cut = list(cut_tables(inputs, 4))
+    assert [t.num_rows for t in cut] == [4, 4, 4, 4, 1]
+    assert _values(cut) == list(range(17))
+    # The second super-batch spans all three inputs: their chunks, not a copy.
+    assert cut[1].column("x").num_chunks == 3
+    assert cut[0].column("x").chunk(0).buffers()[1].address == (
+        inputs[0].column("x").chunk(0).buffers()[1].address
+    )
+
+
+def test_cut_tables_of_nothing_gives_nothing():
+    assert list(cut_tables([], 4)) == []
+    assert list(cut_tables([pa.table({"x": pa.array([], pa.int64())})], 4)) == []
+
+
+def test_read_ahead_gives_every_window_in_order(ray_session):
+    windows = [lambda a=a: _dataset(a, a + 10) for a in range(0, 50, 10)]
+    assert _values(read_ahead(windows)) == list(range(50))
+
+
+def test_read_ahead_honours_row_ranges_of_a_limit(ray_session):
+    assert _values(read_ahead([lambda: _dataset(0, 100, blocks=4).limit(37)])) == list(range(37))
+
+
+def test_read_ahead_holds_at_most_two_windows(ray_session):
+    """Window k is built only after the consumer has taken every block of window k - 2
+    (each window here has 3 blocks)."""
+    taken = 0
+    taken_at_build: dict[int, int] = {}
+
+    def build(index: int):
+        taken_at_build[index] = taken
+        return _dataset(100 * index, 100 * index + 100, blocks=3)
+
+    for _ in read_ahead([lambda i=i: build(i) for i in range(6)]):
+        time.sleep(0.05)  # a slow consumer: an ungated helper would run far ahead
+        taken += 1
+    assert taken == 18
+    assert sorted(taken_at_build) == list(range(6))
+    for index, blocks in taken_at_build.items():
+        assert blocks >= 3 * (index - 1), (index, blocks)
+
+
+def test_read_ahead_relays_a_failed_execution(ray_session):
+    def broken(batch: pa.Table) -> pa.Table:
+        raise ValueError("bad block")
+
+    windows = [lambda: _dataset(0, 10), lambda: _dataset(10, 20).map_batches(broken)]
+    with pytest.raises(Exception, match="bad block"):
+        list(read_ahead(windows))
+
+
+def test_read_ahead_relays_a_failure_to_build_a_window(ray_session):
+    def missing():
+        raise FileNotFoundError("part-7.parquet")
+
+    with pytest.raises(FileNotFoundError, match="part-7"):
+        list(read_ahead([lambda: _dataset(0, 10), missing]))
+
+
+def test_closing_early_stops_the_helper_thread(ray_session):
+    blocks = read_ahead(
+        [lambda a=a: _dataset(a, a + 10) for a in range(0, 100, 10)], name="read-ahead-test"
+    )
+    next(blocks)
+    blocks.close()
+    assert not [t for t in threading.enumerate() if t.name == "read-ahead-test"]
