@@ -2,7 +2,8 @@
 
 Data: 16-float ``obs``, int64 ``actions``, two modules, written to a temporary directory
 as 10 Parquet files of ``--rows / 10`` rows (deleted afterwards). Minibatches of 512
-rows, two learners in threads. Ray is started (and its workers warmed) before timing.
+rows, two learners in threads. Ray is started (and its workers warmed) before timing, with
+the environment ``offmeta run`` gives it (``flows.runtime.QUIET_ENVIRONMENT``).
 
 1. First epoch from disk, ``--rows`` rows (default 5M): LearnerStream rows/s divided by
    pyarrow reading the same files, grouping rows per module once and slicing zero-copy
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -37,15 +39,20 @@ import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-import itertools
+# Run as a script, this folder comes first on sys.path and bench/learners.py would shadow the
+# `learners` package; the repository root must come first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
+from flows.runtime import set_quiet_environment
+
+# The environment `offmeta run` gives Ray, set before Ray starts (here and in the peak-RSS
+# children; this module imports Ray only inside functions).
+set_quiet_environment()
 
 MINIBATCH = 512
 LEARNERS = 2

@@ -264,7 +264,15 @@ def _read_parquet(files: list[str], filesystem: Any) -> Any:
 
 
 def _read_window(source: Any, files: list[str], selected: Callable[[Any], Any]) -> Any:
-    return selected(to_canonical(source, _read_parquet(files, source.filesystem)))
+    dataset = selected(to_canonical(source, _read_parquet(files, source.filesystem)))
+    # A backstop for files far larger than a window (whose reads would otherwise run
+    # ahead up to Ray's default budget, a fraction of the object store): twice the window
+    # never holds back a window of ordinary files.
+    limits = dataset.context.execution_options.resource_limits
+    dataset.context.execution_options.resource_limits = limits.copy(
+        object_store_memory=2 * _WINDOW_BYTES
+    )
+    return dataset
 
 
 def iter_superbatches(shard: Any, superbatch_rows: int) -> Iterator[pa.Table]:

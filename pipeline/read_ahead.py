@@ -7,11 +7,11 @@ here, ~1,400 loop steps and 0.7 s of driver CPU for one 5M-row epoch, taken from
 cores that the read tasks and the learners need (Ray issue #65060 reports the same spin).
 
 So a stream never lets an execution wait for it. An epoch is cut into *windows* (a few
-files each); one helper thread runs the windows' executions one after another and takes
-each bundle (object references, not data) the moment it exists, so that every execution
-ends as soon as its reads do. The helper starts window ``k`` only once the consumer has
-finished window ``k - 2``, so at most two windows sit in the object store at any time,
-whatever the dataset's size.
+files each), each read by an execution of its own; a helper thread per window takes its
+bundles (object references, not data) the moment they exist, so that every execution
+ends as soon as its reads do. Window ``k`` starts only once the consumer has finished
+window ``k - 2``, so at most two windows sit in the object store at any time, whatever
+the dataset's size.
 """
 
 from __future__ import annotations
@@ -31,11 +31,6 @@ _JOIN_S = 5.0
 
 
 @dataclass(frozen=True)
-class _Window:
-    index: int
-
-
-@dataclass(frozen=True)
 class _Failure:
     error: BaseException
 
@@ -49,45 +44,57 @@ def read_ahead(
     """The blocks of every window's Dataset as Arrow tables, window after window, in
     each Dataset's order. ``windows`` builds each Dataset when its turn comes.
 
-    A failed execution raises here, in the consumer. Closing the generator stops the
-    helper thread at its next bundle.
+    Two windows read at once: while the consumer is on window ``k``, window ``k + 1``
+    reads, so read tasks never wait for the last file of a window. A thread per window
+    drains it; window ``k + 2`` starts once the consumer has finished window ``k``. A
+    failed execution raises here, in the consumer. Closing the generator stops the
+    helper threads at their next bundle.
     """
-    handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()  # a bundle queue per window
     finished = threading.Semaphore(0)  # one release per window the consumer has finished
     stop = threading.Event()
+    drains: list[threading.Thread] = []
 
-    def fetch() -> None:
+    def drain(build: Callable[[], ray.data.Dataset], bundles: queue.SimpleQueue[Any]) -> None:
         try:
-            for index, build in enumerate(windows):
-                # Window k waits until the consumer is done with window k - 2.
-                while index >= 2 and not finished.acquire(timeout=0.1):
-                    if stop.is_set():
-                        return
+            for bundle in build().iter_internal_ref_bundles():
+                bundles.put(bundle)
                 if stop.is_set():
                     return
-                handoff.put(_Window(index))
-                for bundle in build().iter_internal_ref_bundles():
-                    handoff.put(bundle)
-                    if stop.is_set():
-                        return
-            handoff.put(_DONE)
+            bundles.put(_DONE)
         except BaseException as error:  # relayed to the consumer, which re-raises it
-            handoff.put(_Failure(error))
+            bundles.put(_Failure(error))
 
-    thread = threading.Thread(target=fetch, name=name, daemon=True)
-    thread.start()
+    def launch() -> None:
+        for index, build in enumerate(windows):
+            while index >= 2 and not finished.acquire(timeout=0.1):
+                if stop.is_set():
+                    return
+            if stop.is_set():
+                return
+            bundles: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=drain, args=(build, bundles), name=f"{name}-{index}", daemon=True
+            )
+            drains.append(thread)
+            thread.start()
+            handoff.put(bundles)
+        handoff.put(_DONE)
+
+    launcher = threading.Thread(target=launch, name=name, daemon=True)
+    launcher.start()
     try:
-        while (item := handoff.get()) is not _DONE:
-            if isinstance(item, _Failure):
-                raise item.error
-            if isinstance(item, _Window):
-                if item.index:
-                    finished.release()
-                continue
-            yield from bundle_blocks(item)
+        while (bundles := handoff.get()) is not _DONE:
+            while (item := bundles.get()) is not _DONE:
+                if isinstance(item, _Failure):
+                    raise item.error
+                yield from bundle_blocks(item)
+            finished.release()
     finally:
         stop.set()
-        thread.join(timeout=_JOIN_S)
+        launcher.join(timeout=_JOIN_S)
+        for thread in drains:
+            thread.join(timeout=_JOIN_S)
 
 
 def bundle_blocks(bundle: Any) -> Iterator[pa.Table]:
