@@ -93,7 +93,7 @@ def read_ahead(
     finally:
         stop.set()
         launcher.join(timeout=_JOIN_S)
-        for thread in drains:
+        for thread in list(drains):
             thread.join(timeout=_JOIN_S)
 
 

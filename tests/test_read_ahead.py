@@ -59,6 +59,15 @@ def test_read_ahead_honours_row_ranges_of_a_limit(ray_session):
     assert _values(read_ahead([lambda: _dataset(0, 100, blocks=4).limit(37)])) == list(range(37))
 
 
+def test_read_ahead_turns_pandas_blocks_into_arrow(ray_session):
+    import pandas as pd
+    import ray.data
+
+    blocks = list(read_ahead([lambda: ray.data.from_pandas(pd.DataFrame({"x": range(5)}))]))
+    assert all(isinstance(block, pa.Table) for block in blocks)
+    assert _values(blocks) == list(range(5))
+
+
 def test_read_ahead_holds_at_most_two_windows(ray_session):
     """Window k is built only after the consumer has taken every block of window k - 2
     (each window here has 3 blocks)."""
