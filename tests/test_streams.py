@@ -324,6 +324,36 @@ def test_columns_renamed_on_disk_arrive_under_canonical_names(tmp_path, ray_sess
 
 
 @pytest.mark.timeout(120)
+def test_a_file_broken_after_validation_fails_every_learner(tmp_path, ray_session):
+    """A read that fails mid-epoch reaches the learners as an error, never a hang."""
+    for part in range(3):
+        write(tmp_path / f"part-{part}.parquet", episode_table(100, action_dim=None))
+    episodes = read_episodes(tmp_path)
+    (tmp_path / "part-1.parquet").write_bytes(b"not parquet any more")
+    streams = split_for_learners(episodes, 2, minibatch_size=10)
+    errors: list[BaseException] = []
+
+    def learn(stream: LearnerStream) -> None:
+        try:
+            for _ in stream.take(100):
+                pass
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=learn, args=(s,)) for s in streams]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for stream in streams:
+        stream.close()
+
+    assert not any(t.is_alive() for t in threads)
+    assert len(errors) == 2
+    assert all("part-1.parquet" in str(error) for error in errors), errors
+
+
+@pytest.mark.timeout(120)
 def test_a_ray_data_iterator_shard_is_a_source(episodes):
     [stream] = split_for_learners(
         episodes.dataset.iterator(), 1, minibatch_size=MINIBATCH, superbatch_rows=SUPERBATCH
