@@ -21,7 +21,7 @@ QUIET_ENVIRONMENT = {
     # Ray frees released objects in batches, by default once a second: a stream consumes
     # 150-400 MB of blocks in that second, and that memory stays taken (and mapped into
     # the driver) until the batch goes. Measured: peak driver RSS streaming 5M rows,
-    # 520-560 MiB at 100 ms, 670-770 MiB at the default. Applies to a Ray that offmeta
+    # 520-620 MiB at 100 ms, 670-790 MiB at the default. Applies to a Ray that offmeta
     # starts; a cluster keeps its own setting.
     "RAY_free_objects_period_milliseconds": "100",
 }
