@@ -35,11 +35,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pipeline.batching import Batch, collate_minibatches, default_columns, module_codes
 from pipeline.dataset import to_canonical
 from pipeline.read_ahead import file_windows, read_ahead
-from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, EpisodeSchema
+from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, DatasetError, EpisodeSchema
 
 # The driver maps every block it reads, so its memory follows the blocks in flight: small
 # blocks and windows of files read one ahead keep a streamed epoch flat (Ray's defaults,
@@ -217,8 +218,8 @@ def row_source(
             return cut_tables(read_ahead([lambda: shuffled]), superbatch_rows)
 
     else:
-        files, filesystem = list(source.files), source.filesystem
-        sizes = [info.size for info in filesystem.get_file_info(files)]
+        files = list(source.files)
+        sizes = _file_sizes(files, source.filesystem)
 
         def tables(epoch: int) -> Iterator[pa.Table]:
             # A fresh read per epoch over the validated files in a seeded order, a window
@@ -261,6 +262,18 @@ def _read_parquet(files: list[str], filesystem: Any) -> Any:
         files, filesystem=filesystem, partitioning=None, file_extensions=None
     )
     return ray.data.read_datasource(datasource, override_num_blocks=len(files))
+
+
+def _file_sizes(files: list[str], filesystem: pafs.FileSystem) -> list[int]:
+    """Each file's size on disk, refusing a file that went away since validation."""
+    infos = filesystem.get_file_info(files)
+    gone = [info.path for info in infos if info.type != pafs.FileType.File]
+    if gone:
+        raise DatasetError(
+            f"{', '.join(gone)}: no longer a file; expected the files that read_episodes "
+            "validated (read the dataset again after changing it)"
+        )
+    return [info.size for info in infos]
 
 
 def _read_window(source: Any, files: list[str], selected: Callable[[Any], Any]) -> Any:

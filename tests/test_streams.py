@@ -323,6 +323,20 @@ def test_columns_renamed_on_disk_arrive_under_canonical_names(tmp_path, ray_sess
     assert batch["t"].dtype == torch.int32
 
 
+def test_a_file_removed_after_validation_is_refused_by_name(tmp_path, ray_session):
+    for part in range(2):
+        write(tmp_path / f"part-{part}.parquet", episode_table(100, action_dim=None))
+    episodes = read_episodes(tmp_path)
+    (tmp_path / "part-1.parquet").unlink()
+
+    with pytest.raises(DatasetError) as refused:
+        split_for_learners(episodes, 1, minibatch_size=10)
+    assert str(refused.value) == (
+        f"{tmp_path / 'part-1.parquet'}: no longer a file; expected the files that "
+        "read_episodes validated (read the dataset again after changing it)"
+    )
+
+
 @pytest.mark.timeout(120)
 def test_a_file_broken_after_validation_fails_every_learner(tmp_path, ray_session):
     """A read that fails mid-epoch reaches the learners as an error, never a hang."""
