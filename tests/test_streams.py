@@ -12,6 +12,8 @@ import dataclasses
 import gc
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -68,6 +70,28 @@ def _take_ids(stream: LearnerStream, num_iters: int) -> list[np.ndarray]:
 
 def _producer_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("offmeta-stream-")]
+
+
+def _in_threads(
+    streams: list[LearnerStream], work: Callable[[LearnerStream], Any], timeout_s: float
+) -> tuple[dict[str, Any], list[BaseException], bool]:
+    """``work(stream)`` for every stream in a thread of its own: the results by learner,
+    the errors raised, and whether every thread ended within ``timeout_s``."""
+    results: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def run(stream: LearnerStream) -> None:
+        try:
+            results[stream.name] = work(stream)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(stream,)) for stream in streams]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout_s)
+    return results, errors, not any(thread.is_alive() for thread in threads)
 
 
 @pytest.mark.timeout(120)
@@ -193,25 +217,12 @@ def test_two_learners_in_threads_advance_epochs_together(cached):
     streams = _streams(cached, 2, seed=0)
     # Each split holds 500 rows: super-batches of 256 + 244 give 4 + 3 minibatches.
     per_epoch = 7
-    taken: dict[str, list[np.ndarray]] = {}
-    errors: list[BaseException] = []
-
-    def learn(stream: LearnerStream) -> None:
-        try:
-            taken[stream.name] = _take_ids(stream, 2 * per_epoch + 1)
-        except BaseException as error:
-            errors.append(error)
-
-    threads = [threading.Thread(target=learn, args=(s,)) for s in streams]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=90)
+    taken, errors, ended = _in_threads(streams, lambda s: _take_ids(s, 2 * per_epoch + 1), 90)
     states = [s.state() for s in streams]
     for stream in streams:
         stream.close()
 
-    assert not errors and not any(t.is_alive() for t in threads)
+    assert not errors and ended
     assert [(s["epoch"], s["batches_consumed"]) for s in states] == [(2, 1), (2, 1)]
     first_epoch = [np.concatenate(taken[name][:per_epoch]) for name in sorted(taken)]
     union = np.concatenate(first_epoch)
@@ -222,21 +233,11 @@ def test_two_learners_in_threads_advance_epochs_together(cached):
 @pytest.mark.timeout(60)
 def test_a_stalled_learner_fails_the_others_within_the_timeout(cached):
     streams = _streams(cached, 2, stall_timeout_s=1.0)
-    caught: list[BaseException] = []
-
-    def learn() -> None:
-        try:
-            _take_ids(streams[0], 10 * 7)
-        except BaseException as error:
-            caught.append(error)
-
     started = time.monotonic()
-    thread = threading.Thread(target=learn)
-    thread.start()
-    thread.join(timeout=40)
+    _, caught, ended = _in_threads(streams[:1], lambda s: _take_ids(s, 10 * 7), 40)
     elapsed = time.monotonic() - started
 
-    assert not thread.is_alive(), f"learner-0 still waiting after {elapsed:.1f} s"
+    assert ended, f"learner-0 still waiting after {elapsed:.1f} s"
     assert len(caught) == 1 and isinstance(caught[0], StreamStalledError)
     assert "learner stream stalled: learner-1 (" in str(caught[0])
     assert "took no batch for longer than stall_timeout_s=1 s" in str(caught[0])
@@ -345,24 +346,11 @@ def test_a_file_broken_after_validation_fails_every_learner(tmp_path, ray_sessio
     episodes = read_episodes(tmp_path)
     (tmp_path / "part-1.parquet").write_bytes(b"not parquet any more")
     streams = split_for_learners(episodes, 2, minibatch_size=10)
-    errors: list[BaseException] = []
-
-    def learn(stream: LearnerStream) -> None:
-        try:
-            for _ in stream.take(100):
-                pass
-        except BaseException as error:
-            errors.append(error)
-
-    threads = [threading.Thread(target=learn, args=(s,)) for s in streams]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    _, errors, ended = _in_threads(streams, lambda s: _take_ids(s, 100), 60)
     for stream in streams:
         stream.close()
 
-    assert not any(t.is_alive() for t in threads)
+    assert ended
     assert len(errors) == 2
     assert all("part-1.parquet" in str(error) for error in errors), errors
 
