@@ -12,6 +12,8 @@ read-side hashes use every free core; even so one sha256 pass over 10 MB (~6 ms 
 page cache and maps the file back lazily, so the script prints that pass too.
 
     .venv/bin/python bench/artifacts.py [--repeats 9] [--megabytes 10]
+
+Each figure is written as a record (``bench/records.py``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+# Run as a script, this folder comes first on sys.path and bench/learners.py would shadow the
+# `learners` package; the repository root must come first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch
 from safetensors.torch import load_file, save_file
 
+from bench.records import Baseline, write_record
 from pipeline.artifacts import ArtifactStore
 
 
@@ -132,6 +140,8 @@ def main() -> None:
         f"one sha256 pass over the tensors:  {statistics.median(hashing) * 1e3:6.1f} ms "
         f"({statistics.median(hashing) / baseline:.2f}x baseline; the store needs three)"
     )
+    shape = {"megabytes": round(size / 2**20, 1), "tensors": len(flat), "repeats": args.repeats}
+    plain_baseline = Baseline("safetensors save_file + load_file, s (median)", baseline)
     for label, timings in runs.items():
         medians = {k: statistics.median(t[k] for t in timings) for k in timings[0]}
         phases = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in medians.items() if k != "total")
@@ -139,6 +149,28 @@ def main() -> None:
             f"store ({label}): {medians['total'] * 1e3:6.1f} ms ({phases}) "
             f"-> ratio {medians['total'] / baseline:.2f}x (target <= 2x)"
         )
+        durable = label == "durable"
+        write_record(
+            "artifacts",
+            "1-round-trip" if durable else "2-round-trip-not-durable",
+            f"ArtifactStore({'' if durable else 'durable=False'}) publish + get + verify + "
+            "load_params, s (median)",
+            medians["total"],
+            "s",
+            baseline=plain_baseline,
+            target="<= 2" if durable else None,
+            shape=shape,
+            details={f"{phase}_s": seconds for phase, seconds in medians.items()},
+        )
+    write_record(
+        "artifacts",
+        "3-sha256-pass",
+        "one sha256 pass over the tensors, s (median; the store makes three)",
+        statistics.median(hashing),
+        "s",
+        baseline=plain_baseline,
+        shape=shape,
+    )
 
 
 if __name__ == "__main__":

@@ -46,6 +46,22 @@ def main(rows: int) -> None:
         print(f"inspect_episodes: {inspect:.3f} s ({size / inspect / 1e6:.0f} MB/s of files)")
         print(f"ratio inspect_episodes / read_table: {inspect / baseline:.2f}")
 
+    # Records for the README table (bench/records.py); run as a script, the repository
+    # root must come first on sys.path for the `bench` package.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.records import Baseline, write_record
+
+    write_record(
+        "dataset",
+        "1-inspect-episodes",
+        "inspect_episodes (checks, id-column counts, fingerprint), s (best of 3)",
+        inspect,
+        "s",
+        baseline=Baseline("pq.read_table of every file, all columns, s (best of 3)", baseline),
+        shape={"rows": total, "files": len(files), "megabytes": round(size / 1e6, 1)},
+        details={"inspect_mb_per_s": size / inspect / 1e6},
+    )
+
 
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000)
