@@ -90,9 +90,19 @@ def main() -> None:
         data = read_episodes(SAMPLE / "train")
         rows: list[tuple[str, int, float, float]] = []
         with tempfile.TemporaryDirectory(prefix="offmeta-bench-scale-") as tmp:
+            # Untimed: the first training in a process pays one-time costs (imports, first
+            # kernels) that would otherwise land on the in-process short run alone and make
+            # its difference meaningless (measured: a negative rate).
+            _seconds(data, Path(tmp) / "warm-up", 0, SHORT)
             for label, learners in (("in process", 0), ("Ray Train", 1), ("Ray Train", 2)):
                 short = _seconds(data, Path(tmp), learners, SHORT)
                 long = _seconds(data, Path(tmp), learners, SHORT + args.extra)
+                if long <= short:
+                    raise RuntimeError(
+                        f"{label}, {learners} learners: {SHORT + args.extra} iterations took "
+                        f"{long:.1f} s, no longer than {SHORT} ({short:.1f} s); the machine "
+                        "was too busy to measure a rate: rerun, or raise --extra"
+                    )
                 rows.append((label, learners, args.extra / (long - short), short))
     finally:
         ray.shutdown()
