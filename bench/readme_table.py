@@ -40,6 +40,8 @@ class FigureRow(NamedTuple):
     high: float
     runs: int
     met_runs: int
+    software: tuple[str, ...]
+    """The distinct software versions of the runs."""
 
 
 def headline(record: dict[str, Any]) -> float:
@@ -63,6 +65,7 @@ def figure_rows(records: list[dict[str, Any]]) -> list[FigureRow]:
                 high=max(numbers),
                 runs=len(group),
                 met_runs=sum(record["met"] is True for record in group),
+                software=tuple(sorted({_software_text(record) for record in group})),
             )
         )
     return rows
@@ -73,14 +76,16 @@ def render_table(rows: list[FigureRow]) -> str:
     if not rows:
         return "No records yet: run the bench scripts (see Development)."
     machines: dict[str, str] = {}
+    software: dict[str, set[str]] = {}
     lines = [
-        "| bench | figure | baseline (same run) | shape | latest (date, revision) "
+        "| bench | figure | baseline (same run) | shape | latest (date, revision, load) "
         "| range (runs) | target | met (runs met) | machine |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         record = row.latest
         machine = machines.setdefault(_machine_text(record), f"M{len(machines) + 1}")
+        software.setdefault(machine, set()).update(row.software)
         baseline = record["baseline"]
         git = record["git"]
         revision = (git["revision"] or "no git")[:10] + ("+dirty" if git["dirty"] else "")
@@ -94,7 +99,8 @@ def render_table(rows: list[FigureRow]) -> str:
             f"{record['figure']}: {record['description']}",
             "none" if baseline is None else baseline["description"],
             _shape_text(record["shape"]),
-            f"{_number_text(record)} ({record['date'][:10]}, {revision})",
+            f"{_number_text(record)} ({record['date'][:10]}, {revision}, load "
+            f"{record['machine']['load_average_1m']:.1f})",
             f"{_format(row.low)}–{_format(row.high)} ({row.runs})",
             record["target"] or "none",
             met,
@@ -102,7 +108,14 @@ def render_table(rows: list[FigureRow]) -> str:
         ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     lines.append("")
-    lines.extend(f"{label}: {text}" for text, label in machines.items())
+    lines.extend(
+        f"{label}: {text}; {' or '.join(sorted(software[label]))}"
+        for text, label in machines.items()
+    )
+    lines.append(
+        "load: the machine's 1-minute load average when the latest run wrote its record "
+        "(against its cores: how busy it was)."
+    )
     return "\n".join(lines)
 
 
@@ -174,6 +187,10 @@ def _machine_text(record: dict[str, Any]) -> str:
         f"{machine['cores']} cores, {machine['cpu']}, {machine['ram_bytes'] / 2**30:.1f} GiB "
         f"RAM, device {machine['device']}"
     )
+
+
+def _software_text(record: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {version}" for name, version in sorted(record["software"].items()))
 
 
 def _shape_text(shape: dict[str, Any]) -> str:

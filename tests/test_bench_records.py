@@ -202,6 +202,11 @@ def test_the_table_is_regenerated_between_the_markers_and_checked(tmp_path, caps
     assert f"| 0.3 MSE ({date}, " in lines[8]
     assert lines[8].endswith(" | 0.3–0.3 (1) | none | report only | M1 |")
     assert lines[10].startswith(f"M1: {os.cpu_count()} cores, ")
+    assert lines[10].endswith(
+        f"device cpu; pyarrow {pyarrow.__version__}, python {platform.python_version()}, "
+        f"ray {ray.__version__}, torch {torch.__version__}"
+    )
+    assert lines[11].startswith("load: the machine's 1-minute load average")
 
 
 @pytest.mark.parametrize(
