@@ -71,12 +71,6 @@ RESERVED_FILES = frozenset(
 )
 ExtraFile = str | os.PathLike[str] | tuple[str, bytes]
 
-# Test seam for the crash tests: when set, publish calls it with "blobs-written" (blobs
-# durable, no lock taken yet) and "manifest-staged" (number claimed under the lock,
-# manifest staged in tmp/ but not linked). A test process sets it to stop there and be
-# killed. It is the only hook; nothing else about publishing can be replaced.
-_pause_hook: Callable[[str], None] | None = None
-
 
 class ArtifactStore(Reader):
     """A versioned artifact registry in a local directory (created on first write).
@@ -109,6 +103,7 @@ class ArtifactStore(Reader):
         history: Mapping[str, Any] | None = None,
         files: Iterable[ExtraFile] = (),
         idempotency_key: str | None = None,
+        on_stage: Callable[[str], None] | None = None,
     ) -> ArtifactRef:
         """Store a new version of ``name`` and return its reference.
 
@@ -117,6 +112,12 @@ class ArtifactStore(Reader):
         learning_curve.png. ``files`` attaches paths or ``(file_name, bytes)`` pairs. A
         publish whose ``idempotency_key`` was already used for ``name`` returns that
         version unchanged: the first publish under a key wins, later ones are dropped.
+
+        ``on_stage``, when given, is called with ``"blobs-written"`` (every blob durable, no
+        lock taken yet) and ``"manifest-staged"`` (the number claimed under the lock, the
+        manifest staged but not linked): the two points where a publisher that dies must
+        leave no partial version. It only observes (progress, or a crash test stopping the
+        process there to kill it); what it returns is ignored.
         """
         validate_name(name)
         if idempotency_key is not None and (
@@ -140,7 +141,8 @@ class ArtifactStore(Reader):
             stored, encoded = self._write_blobs(
                 name, (modules, flat), metrics_data, config_data, history_data, extras
             )
-            _pause("blobs-written")
+            if on_stage is not None:
+                on_stage("blobs-written")
 
             with fsio.file_lock(self._layout.lock(name), timeout=self.lock_timeout):
                 if idempotency_key is not None and (found := self._by_key(name, idempotency_key)):
@@ -161,7 +163,7 @@ class ArtifactStore(Reader):
                     },
                     files=stored,
                 )
-                self._commit_manifest(manifest)
+                self._commit_manifest(manifest, on_stage)
         return self._ref(manifest)
 
     def _write_blobs(
@@ -193,7 +195,7 @@ class ArtifactStore(Reader):
         writer.sync()
         return stored, encoded
 
-    def _commit_manifest(self, manifest: Manifest) -> None:
+    def _commit_manifest(self, manifest: Manifest, on_stage: Callable[[str], None] | None) -> None:
         """Make ``manifest`` visible; the caller holds the artifact lock."""
         layout, name = self._layout, manifest.name
         staged = fsio.write_temp(
@@ -207,7 +209,8 @@ class ArtifactStore(Reader):
                     idempotency_key=manifest.idempotency_key, version=manifest.version
                 )
                 self._replace(layout.key(name, manifest.idempotency_key), record.model_dump_json())
-            _pause("manifest-staged")
+            if on_stage is not None:
+                on_stage("manifest-staged")
             final = layout.manifest(name, manifest.version)
             if not fsio.link_new(staged, final):
                 raise ArtifactError(
@@ -331,11 +334,6 @@ class ArtifactStore(Reader):
         if not isinstance(value, Mapping):
             raise ArtifactError(f"{what} must be a dict, got {type(value).__name__}")
         return json_safe(value, what)
-
-
-def _pause(stage: str) -> None:
-    if _pause_hook is not None:
-        _pause_hook(stage)
 
 
 def _json_bytes(data: object) -> bytes:
