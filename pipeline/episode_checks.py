@@ -1,0 +1,266 @@
+"""Check that rows form episodes, across the whole dataset, reading only the id columns.
+
+An episode may span files, so the checks see every file's ``eps_id``, ``t``, flags and
+``task_id`` at once: episodes are dictionary-encoded (codes in order of first appearance),
+rows sorted once by ``(episode, t)`` (a stable sort, close to linear on the sorted layout
+that writers produce) and every rule is a comparison of neighbouring rows. Tensor columns
+are never read.
+
+Always refused: a repeated ``(eps_id, t)`` and an episode whose ``task_id`` changes. Refused
+unless ``allow_partial_episodes``: an episode that does not start at ``t = 0``, a step
+missing inside an episode, and an episode-end flag on a step that is not its last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError, EpisodeSchema
+from pipeline.sources import ResolvedSource
+
+_FLAGS = ("terminateds", "truncateds")
+_SHOWN_DUPLICATES = 5
+_PARTIAL_FIX = (
+    "or pass allow_partial_episodes=True (--allow-partial-episodes, data.allow_partial_episodes) "
+    "for a dataset that is knowingly partial"
+)
+
+
+@dataclass(frozen=True)
+class EpisodeIds:
+    """What the id columns say about a dataset that passed the checks."""
+
+    num_episodes: int
+    task_ids: tuple[str, ...]
+    module_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Every row of the dataset in ``(episode, t)`` order."""
+
+    episodes: pa.Array
+    """Distinct ``eps_id`` values; ``codes`` index them."""
+    codes: np.ndarray
+    t: np.ndarray
+    flags: dict[str, np.ndarray]
+    file: np.ndarray
+    """Index into the dataset's files."""
+    tasks: np.ndarray | None
+    task_names: pa.Array | None
+    files: Sequence[str]
+
+    def eps_id(self, row: int) -> object:
+        return self.episodes[int(self.codes[row])].as_py()
+
+    def where(self, row: int) -> str:
+        return self.files[int(self.file[row])]
+
+
+def check_episodes(
+    resolved: ResolvedSource, schema: EpisodeSchema, *, allow_partial_episodes: bool = False
+) -> EpisodeIds:
+    """Refuse repeated transitions and broken episodes; count episodes, tasks and modules.
+
+    Raises ``DatasetError`` naming the episode, the step and the file.
+    """
+    tables = [_read_ids(path, resolved, schema) for path in resolved.files]
+    rows = _sorted_rows(tables, resolved.files, schema)
+    same = rows.codes[1:] == rows.codes[:-1]
+    step = rows.t[1:] - rows.t[:-1]
+    _refuse_duplicates(rows, same & (step == 0), resolved.description)
+    if rows.tasks is not None:
+        _refuse_task_changes(rows, same & (rows.tasks[1:] != rows.tasks[:-1]))
+    if not allow_partial_episodes:
+        firsts = np.concatenate(([0], np.flatnonzero(~same) + 1))
+        _refuse_late_starts(rows, firsts[rows.t[firsts] != 0])
+        _refuse_gaps(rows, np.flatnonzero(same & (step > 1)))
+        for flag in _FLAGS:
+            _refuse_early_ends(rows, flag, np.flatnonzero(same & rows.flags[flag][:-1]))
+    task_ids = (
+        tuple(sorted(rows.task_names.to_pylist()))
+        if rows.task_names is not None
+        else (DEFAULT_TASK_ID,)
+    )
+    return EpisodeIds(len(rows.episodes), task_ids, _module_ids(tables, schema))
+
+
+def _read_ids(path: str, resolved: ResolvedSource, schema: EpisodeSchema) -> pa.Table:
+    canonical = ["eps_id", "t", *_FLAGS]
+    canonical += ["task_id"] if schema.has_task_id else []
+    canonical += ["module_id"] if schema.has_module_id else []
+    on_disk = [schema.column_map.get(c, c) for c in canonical]
+    try:
+        with resolved.filesystem.open_input_file(path) as handle:
+            table = pq.ParquetFile(handle).read(columns=on_disk)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(
+            f"{path}: columns {', '.join(on_disk)} cannot be read ({' '.join(str(exc).split())}); "
+            "expected readable Parquet data behind a valid footer (is the file corrupted?)"
+        ) from None
+    return table.rename_columns(canonical)
+
+
+def _sorted_rows(tables: list[pa.Table], files: Sequence[str], schema: EpisodeSchema) -> _Rows:
+    encoded = pc.dictionary_encode(_chunks(tables, "eps_id"))
+    # Chunks of a dictionary-encoded ChunkedArray share one dictionary (the last chunk's).
+    episodes = encoded.chunks[-1].dictionary if encoded.num_chunks else pa.array([])
+    codes = _indices(encoded)
+    t = _chunks(tables, "t").to_numpy().astype(np.int64, copy=False)
+    file = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
+    order = _order(codes, t, len(episodes))
+    tasks = task_names = None
+    if schema.has_task_id:
+        task_column = _chunks(tables, "task_id")
+        if pa.types.is_dictionary(task_column.type):
+            task_column = task_column.cast(task_column.type.value_type)
+        encoded_tasks = pc.dictionary_encode(task_column)
+        task_names = encoded_tasks.chunks[-1].dictionary
+        tasks = _indices(encoded_tasks)[order]
+    return _Rows(
+        episodes=episodes,
+        codes=codes[order],
+        t=t[order],
+        flags={f: _chunks(tables, f).to_numpy()[order] for f in _FLAGS},
+        file=file[order],
+        tasks=tasks,
+        task_names=task_names,
+        files=files,
+    )
+
+
+def _chunks(tables: list[pa.Table], column: str) -> pa.ChunkedArray:
+    return pa.chunked_array(
+        [chunk for table in tables for chunk in table.column(column).chunks],
+        type=tables[0].schema.field(column).type,
+    )
+
+
+def _indices(encoded: pa.ChunkedArray) -> np.ndarray:
+    if not encoded.num_chunks:
+        return np.zeros(0, np.int64)
+    return np.concatenate([c.indices.to_numpy() for c in encoded.chunks]).astype(np.int64)
+
+
+def _order(codes: np.ndarray, t: np.ndarray, num_episodes: int) -> np.ndarray:
+    """Stable ``(episode, t)`` order: one sort of a combined int64 key when it fits."""
+    if not len(t):
+        return np.zeros(0, np.int64)
+    low, high = int(t.min()), int(t.max())
+    span = high - low + 1
+    if num_episodes * span < 2**62:
+        return np.argsort(codes * span + (t - low), kind="stable")
+    return np.lexsort((t, codes))
+
+
+def _refuse_duplicates(rows: _Rows, repeats: np.ndarray, description: str) -> None:
+    if not repeats.any():
+        return
+    shown = []
+    for first in _run_starts(np.flatnonzero(repeats))[:_SHOWN_DUPLICATES]:
+        last = first
+        while last < len(repeats) and repeats[last]:
+            last += 1
+        where = list(dict.fromkeys(rows.where(r) for r in range(first, last + 1)))
+        shown.append(
+            f"eps_id {rows.eps_id(first)!r} t {rows.t[first]}: {last - first + 1} rows in "
+            f"{', '.join(where)}"
+        )
+    raise DatasetError(
+        f"source {description!r}: {int(repeats.sum())} row(s) repeat an (eps_id, t) pair "
+        f"already present, first: {'; '.join(shown)}; expected each (eps_id, t) once. Fix: "
+        "drop the repeated rows (a recorder that rewrites earlier episodes into later files "
+        "writes them)"
+    )
+
+
+def _run_starts(positions: np.ndarray) -> np.ndarray:
+    """First position of each run of consecutive positions."""
+    keep = np.ones(len(positions), bool)
+    keep[1:] = positions[1:] != positions[:-1] + 1
+    return positions[keep]
+
+
+def _refuse_task_changes(rows: _Rows, changes: np.ndarray) -> None:
+    if not changes.any():
+        return
+    before = int(np.flatnonzero(changes)[0])
+    after = before + 1
+    assert rows.task_names is not None and rows.tasks is not None
+    names = [rows.task_names[int(rows.tasks[r])].as_py() for r in (before, after)]
+    raise DatasetError(
+        f"{rows.where(after)}: eps_id {rows.eps_id(after)!r} has task_id {names[1]!r} at t "
+        f"{rows.t[after]} but {names[0]!r} at t {rows.t[before]}{_also_in(rows, before, after)}; "
+        "expected one task per episode. Fix: give each task's episodes their own eps_id"
+    )
+
+
+def _refuse_late_starts(rows: _Rows, late: np.ndarray) -> None:
+    if not len(late):
+        return
+    first = int(late[0])
+    raise DatasetError(
+        f"{rows.where(first)}: eps_id {rows.eps_id(first)!r} starts at t {rows.t[first]}"
+        f"{_of_episodes(len(late), 'starting later')}; expected every episode to start at "
+        f"t 0. Fix: write the episode's first steps, {_PARTIAL_FIX}"
+    )
+
+
+def _refuse_gaps(rows: _Rows, gaps: np.ndarray) -> None:
+    if not len(gaps):
+        return
+    before = int(gaps[0])
+    after = before + 1
+    count = len(np.unique(rows.codes[gaps]))
+    raise DatasetError(
+        f"{rows.where(after)}: eps_id {rows.eps_id(after)!r} jumps from t {rows.t[before]} to "
+        f"t {rows.t[after]}{_also_in(rows, before, after)}"
+        f"{_of_episodes(count, 'with missing steps')}; expected consecutive steps within an "
+        f"episode. Fix: write the missing steps, {_PARTIAL_FIX}"
+    )
+
+
+def _refuse_early_ends(rows: _Rows, flag: str, early: np.ndarray) -> None:
+    if not len(early):
+        return
+    row = int(early[0])
+    count = len(np.unique(rows.codes[early]))
+    last = row + 1
+    while last + 1 < len(rows.codes) and rows.codes[last + 1] == rows.codes[row]:
+        last += 1
+    raise DatasetError(
+        f"{rows.where(row)}: eps_id {rows.eps_id(row)!r} has {flag} set at t {rows.t[row]} but "
+        f"continues to t {rows.t[last]}{_also_in(rows, last, row)}"
+        f"{_of_episodes(count, f'with {flag} before their end')}; expected episode-end flags "
+        f"on an episode's last step only. Fix: clear the flag or split the episode, "
+        f"{_PARTIAL_FIX}"
+    )
+
+
+def _of_episodes(count: int, what: str) -> str:
+    return "" if count == 1 else f" (first of {count} episodes {what})"
+
+
+def _also_in(rows: _Rows, seen: int, here: int) -> str:
+    """Where an earlier row of the same episode lives, when that is another file."""
+    if rows.file[seen] == rows.file[here]:
+        return ""
+    return f" (t {rows.t[seen]} is in {rows.where(seen)})"
+
+
+def _module_ids(tables: list[pa.Table], schema: EpisodeSchema) -> tuple[str, ...]:
+    if not schema.has_module_id:
+        return (DEFAULT_MODULE_ID,)
+    seen: set[str] = set()
+    for table in tables:
+        values = pc.unique(table.column("module_id"))
+        if pa.types.is_dictionary(values.type):
+            values = values.dictionary_decode()
+        seen.update(values.to_pylist())
+    return tuple(sorted(seen))
