@@ -1,9 +1,10 @@
 """Check that rows form episodes, across the whole dataset, reading only the id columns.
 
 An episode may span files, so the checks see every file's ``eps_id``, ``t``, flags and
-``task_id`` at once: episodes are dictionary-encoded (codes in order of first appearance),
-rows sorted once by ``(episode, t)`` (a stable sort, close to linear on the sorted layout
-that writers produce) and every rule is a comparison of neighbouring rows. Tensor columns
+``task_id`` at once: string episode ids are dictionary-encoded (codes in order of first
+appearance, int64 ids are their own codes), rows are put in ``(episode, t)`` order by one
+stable sort of a combined int64 key (skipped when the rows already are in that order, as
+writers produce them), and every rule is a comparison of neighbouring rows. Tensor columns
 are never read.
 
 Always refused: a repeated ``(eps_id, t)`` and an episode whose ``task_id`` changes. Refused
@@ -45,19 +46,27 @@ class EpisodeIds:
 class _Rows:
     """Every row of the dataset in ``(episode, t)`` order."""
 
-    episodes: pa.Array
-    """Distinct ``eps_id`` values; ``codes`` index them."""
     codes: np.ndarray
+    """The episode of each row: the ``eps_id`` itself (int64 ids) or its index in ``names``."""
+    names: pa.Array | None
+    """String ``eps_id`` values in order of first appearance; None for int64 ids."""
     t: np.ndarray
-    flags: dict[str, np.ndarray]
+    same: np.ndarray
+    """``same[i]``: rows ``i`` and ``i + 1`` belong to one episode."""
+    step: np.ndarray
+    """``t[i + 1] - t[i]``."""
+    ends: dict[str, np.ndarray]
+    """Flag column -> ascending positions of the rows that set it."""
     file: np.ndarray
-    """Index into the dataset's files."""
+    """Index into ``files``."""
     tasks: np.ndarray | None
+    """Index into ``task_names``; None without a ``task_id`` column."""
     task_names: pa.Array | None
     files: Sequence[str]
 
     def eps_id(self, row: int) -> object:
-        return self.episodes[int(self.codes[row])].as_py()
+        code = int(self.codes[row])
+        return code if self.names is None else self.names[code].as_py()
 
     def where(self, row: int) -> str:
         return self.files[int(self.file[row])]
@@ -72,23 +81,18 @@ def check_episodes(
     """
     tables = [_read_ids(path, resolved, schema) for path in resolved.files]
     rows = _sorted_rows(tables, resolved.files, schema)
-    same = rows.codes[1:] == rows.codes[:-1]
-    step = rows.t[1:] - rows.t[:-1]
+    same, step = rows.same, rows.step
+    firsts = np.concatenate(([0], np.flatnonzero(~same) + 1)) if len(rows.t) else same
     _refuse_duplicates(rows, same & (step == 0), resolved.description)
     if rows.tasks is not None:
         _refuse_task_changes(rows, same & (rows.tasks[1:] != rows.tasks[:-1]))
     if not allow_partial_episodes:
-        firsts = np.concatenate(([0], np.flatnonzero(~same) + 1))
         _refuse_late_starts(rows, firsts[rows.t[firsts] != 0])
         _refuse_gaps(rows, np.flatnonzero(same & (step > 1)))
-        for flag in _FLAGS:
-            _refuse_early_ends(rows, flag, np.flatnonzero(same & rows.flags[flag][:-1]))
-    task_ids = (
-        tuple(sorted(rows.task_names.to_pylist()))
-        if rows.task_names is not None
-        else (DEFAULT_TASK_ID,)
-    )
-    return EpisodeIds(len(rows.episodes), task_ids, _module_ids(tables, schema))
+        for flag, ends in rows.ends.items():
+            ends = ends[ends < len(same)]
+            _refuse_early_ends(rows, flag, ends[same[ends]])
+    return EpisodeIds(len(firsts), _task_ids(rows, firsts), _module_ids(tables, schema))
 
 
 def _read_ids(path: str, resolved: ResolvedSource, schema: EpisodeSchema) -> pa.Table:
@@ -108,27 +112,42 @@ def _read_ids(path: str, resolved: ResolvedSource, schema: EpisodeSchema) -> pa.
 
 
 def _sorted_rows(tables: list[pa.Table], files: Sequence[str], schema: EpisodeSchema) -> _Rows:
-    encoded = pc.dictionary_encode(_chunks(tables, "eps_id"))
-    # Chunks of a dictionary-encoded ChunkedArray share one dictionary (the last chunk's).
-    episodes = encoded.chunks[-1].dictionary if encoded.num_chunks else pa.array([])
-    codes = _indices(encoded)
+    episodes = _chunks(tables, "eps_id")
+    names = None
+    if pa.types.is_integer(episodes.type):
+        codes = episodes.to_numpy()
+    else:
+        encoded = pc.dictionary_encode(episodes)
+        codes, names = _indices(encoded), encoded.chunks[0].dictionary
     t = _chunks(tables, "t").to_numpy().astype(np.int64, copy=False)
-    file = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])
-    order = _order(codes, t, len(episodes))
+    same, step = codes[1:] == codes[:-1], t[1:] - t[:-1]
+    # Writers keep episodes together and in step order: then no row moves.
+    if ((codes[1:] > codes[:-1]) | (same & (step > 0))).all():
+        position, take = None, lambda values: values
+    else:
+        order = _order(codes, t)
+        position = np.empty_like(order)
+        position[order] = np.arange(len(order))
+        take = lambda values: values[order]  # noqa: E731
+        codes, t = codes[order], t[order]
+        same, step = codes[1:] == codes[:-1], t[1:] - t[:-1]
     tasks = task_names = None
     if schema.has_task_id:
-        task_column = _chunks(tables, "task_id")
-        if pa.types.is_dictionary(task_column.type):
-            task_column = task_column.cast(task_column.type.value_type)
-        encoded_tasks = pc.dictionary_encode(task_column)
-        task_names = encoded_tasks.chunks[-1].dictionary
-        tasks = _indices(encoded_tasks)[order]
+        codes_of_tasks, task_names = _task_codes(_chunks(tables, "task_id"))
+        tasks = take(codes_of_tasks)
+    ends = {}
+    for flag in _FLAGS:
+        flagged = pc.indices_nonzero(_chunks(tables, flag)).to_numpy()
+        ends[flag] = flagged if position is None else np.sort(position[flagged])
+    counts = [table.num_rows for table in tables]
     return _Rows(
-        episodes=episodes,
-        codes=codes[order],
-        t=t[order],
-        flags={f: _chunks(tables, f).to_numpy()[order] for f in _FLAGS},
-        file=file[order],
+        codes=codes,
+        names=names,
+        t=t,
+        same=same,
+        step=step,
+        ends=ends,
+        file=take(np.repeat(np.arange(len(tables), dtype=np.int32), counts)),
         tasks=tasks,
         task_names=task_names,
         files=files,
@@ -143,20 +162,41 @@ def _chunks(tables: list[pa.Table], column: str) -> pa.ChunkedArray:
 
 
 def _indices(encoded: pa.ChunkedArray) -> np.ndarray:
+    """Indices of dictionary chunks that share one dictionary, as one int64 array."""
     if not encoded.num_chunks:
         return np.zeros(0, np.int64)
     return np.concatenate([c.indices.to_numpy() for c in encoded.chunks]).astype(np.int64)
 
 
-def _order(codes: np.ndarray, t: np.ndarray, num_episodes: int) -> np.ndarray:
-    """Stable ``(episode, t)`` order: one sort of a combined int64 key when it fits."""
-    if not len(t):
-        return np.zeros(0, np.int64)
-    low, high = int(t.min()), int(t.max())
-    span = high - low + 1
-    if num_episodes * span < 2**62:
-        return np.argsort(codes * span + (t - low), kind="stable")
-    return np.lexsort((t, codes))
+def _task_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
+    """One code per row and the task names they index, equal names sharing one code."""
+    if pa.types.is_dictionary(column.type):
+        # Every file (and row group) brings its own dictionary; unifying touches only those.
+        column = pa.table({"task_id": column}).unify_dictionaries().column(0)
+    else:
+        column = pc.dictionary_encode(column)
+    if not column.num_chunks:
+        return np.zeros(0, np.int64), pa.array([], pa.string())
+    return _indices(column), column.chunks[0].dictionary
+
+
+def _order(codes: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Stable ``(episode, t)`` order: one sort of a combined int64 key when it fits (about
+    twice as fast as ``lexsort`` here)."""
+    first_code, first_t = int(codes.min()), int(t.min())
+    episodes, steps = int(codes.max()) - first_code + 1, int(t.max()) - first_t + 1
+    if episodes * steps >= 2**62:
+        return np.lexsort((t, codes))
+    return np.argsort((codes - first_code) * steps + (t - first_t), kind="stable")
+
+
+def _task_ids(rows: _Rows, firsts: np.ndarray) -> tuple[str, ...]:
+    """Tasks that occur (a dictionary may hold more), read at episode starts: an episode
+    has one task, checked before."""
+    if rows.tasks is None or rows.task_names is None:
+        return (DEFAULT_TASK_ID,)
+    used = np.bincount(rows.tasks[firsts], minlength=len(rows.task_names)) > 0
+    return tuple(sorted(rows.task_names.filter(pa.array(used)).to_pylist()))
 
 
 def _refuse_duplicates(rows: _Rows, repeats: np.ndarray, description: str) -> None:
