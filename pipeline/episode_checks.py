@@ -79,8 +79,8 @@ def check_episodes(
 
     Raises ``DatasetError`` naming the episode, the step and the file.
     """
-    tables = [_read_ids(path, resolved, schema) for path in resolved.files]
-    rows = _sorted_rows(tables, resolved.files, schema)
+    columns = _read_columns(resolved, schema)
+    rows = _in_order(columns, resolved.files)
     same, step = rows.same, rows.step
     firsts = np.concatenate(([0], np.flatnonzero(~same) + 1)) if len(rows.t) else same
     _refuse_duplicates(rows, same & (step == 0), resolved.description)
@@ -92,7 +92,62 @@ def check_episodes(
         for flag, ends in rows.ends.items():
             ends = ends[ends < len(same)]
             _refuse_early_ends(rows, flag, ends[same[ends]])
-    return EpisodeIds(len(firsts), _task_ids(rows, firsts), _module_ids(tables, schema))
+    return EpisodeIds(len(firsts), _task_ids(rows, firsts), columns.module_ids)
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The id columns of every file, one after the other in file order."""
+
+    codes: np.ndarray
+    names: pa.Array | None
+    t: np.ndarray
+    file: np.ndarray
+    ends: dict[str, np.ndarray]
+    """Flag column -> ascending row numbers of the rows that set it."""
+    tasks: np.ndarray | None
+    task_names: pa.Array | None
+    module_ids: tuple[str, ...]
+
+
+def _read_columns(resolved: ResolvedSource, schema: EpisodeSchema) -> _Columns:
+    """Read file by file, keeping compact copies (numpy arrays, dictionary indices) and
+    dropping each file's Arrow table (the checks peak at about 80 bytes per row)."""
+    steps, int_ids, string_ids, tasks = [], [], [], []
+    ends: dict[str, list[np.ndarray]] = {flag: [] for flag in _FLAGS}
+    modules: set[str] = set()
+    counts = []
+    for path in resolved.files:
+        table = _read_ids(path, resolved, schema)
+        steps.append(table.column("t").to_numpy().astype(np.int64, copy=False))
+        episodes = table.column("eps_id")
+        if pa.types.is_integer(episodes.type):
+            int_ids.append(episodes.to_numpy())
+        else:
+            string_ids.extend(_dictionary_chunks(episodes))
+        for flag in _FLAGS:
+            flagged = pc.indices_nonzero(table.column(flag)).to_numpy()
+            ends[flag].append(flagged + sum(counts))
+        if schema.has_task_id:
+            tasks.extend(_dictionary_chunks(table.column("task_id")))
+        if schema.has_module_id:
+            values = pc.unique(table.column("module_id"))
+            if pa.types.is_dictionary(values.type):
+                values = values.dictionary_decode()
+            modules.update(values.to_pylist())
+        counts.append(table.num_rows)
+    codes, names = (np.concatenate(int_ids), None) if int_ids else _codes(string_ids)
+    task_codes, task_names = _codes(tasks) if schema.has_task_id else (None, None)
+    return _Columns(
+        codes=codes,
+        names=names,
+        t=np.concatenate(steps),
+        file=np.repeat(np.arange(len(counts), dtype=np.int32), counts),
+        ends={flag: np.concatenate(parts) for flag, parts in ends.items()},
+        tasks=task_codes,
+        task_names=task_names,
+        module_ids=tuple(sorted(modules)) if schema.has_module_id else (DEFAULT_MODULE_ID,),
+    )
 
 
 def _read_ids(path: str, resolved: ResolvedSource, schema: EpisodeSchema) -> pa.Table:
@@ -111,17 +166,28 @@ def _read_ids(path: str, resolved: ResolvedSource, schema: EpisodeSchema) -> pa.
     return table.rename_columns(canonical)
 
 
-def _sorted_rows(tables: list[pa.Table], files: Sequence[str], schema: EpisodeSchema) -> _Rows:
-    episodes = _chunks(tables, "eps_id")
-    names = None
-    if pa.types.is_integer(episodes.type):
-        codes = episodes.to_numpy()
-    else:
-        encoded = pc.dictionary_encode(episodes)
-        codes, names = _indices(encoded), encoded.chunks[0].dictionary
-    t = _chunks(tables, "t").to_numpy().astype(np.int64, copy=False)
+def _dictionary_chunks(column: pa.ChunkedArray) -> list[pa.Array]:
+    """Strings as dictionary indices (4 bytes a row) over the file's distinct values."""
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    return column.chunks
+
+
+def _codes(chunks: list[pa.Array]) -> tuple[np.ndarray, pa.Array]:
+    """One code per row and the distinct values they index; equal values share one code,
+    in order of first appearance (every file brings its own dictionary)."""
+    if not chunks:
+        return np.zeros(0, np.int32), pa.array([], pa.string())
+    unified = pa.table({"values": pa.chunked_array(chunks)}).unify_dictionaries().column(0)
+    codes = np.concatenate([chunk.indices.to_numpy() for chunk in unified.chunks])
+    return codes, unified.chunks[0].dictionary
+
+
+def _in_order(columns: _Columns, files: Sequence[str]) -> _Rows:
+    """The rows in ``(episode, t)`` order; writers keep episodes together and in step order,
+    and then no row moves."""
+    codes, t = columns.codes, columns.t
     same, step = codes[1:] == codes[:-1], t[1:] - t[:-1]
-    # Writers keep episodes together and in step order: then no row moves.
     if ((codes[1:] > codes[:-1]) | (same & (step > 0))).all():
         position, take = None, lambda values: values
     else:
@@ -131,53 +197,21 @@ def _sorted_rows(tables: list[pa.Table], files: Sequence[str], schema: EpisodeSc
         take = lambda values: values[order]  # noqa: E731
         codes, t = codes[order], t[order]
         same, step = codes[1:] == codes[:-1], t[1:] - t[:-1]
-    tasks = task_names = None
-    if schema.has_task_id:
-        codes_of_tasks, task_names = _task_codes(_chunks(tables, "task_id"))
-        tasks = take(codes_of_tasks)
-    ends = {}
-    for flag in _FLAGS:
-        flagged = pc.indices_nonzero(_chunks(tables, flag)).to_numpy()
-        ends[flag] = flagged if position is None else np.sort(position[flagged])
-    counts = [table.num_rows for table in tables]
     return _Rows(
         codes=codes,
-        names=names,
+        names=columns.names,
         t=t,
         same=same,
         step=step,
-        ends=ends,
-        file=take(np.repeat(np.arange(len(tables), dtype=np.int32), counts)),
-        tasks=tasks,
-        task_names=task_names,
+        ends={
+            flag: rows if position is None else np.sort(position[rows])
+            for flag, rows in columns.ends.items()
+        },
+        file=take(columns.file),
+        tasks=None if columns.tasks is None else take(columns.tasks),
+        task_names=columns.task_names,
         files=files,
     )
-
-
-def _chunks(tables: list[pa.Table], column: str) -> pa.ChunkedArray:
-    return pa.chunked_array(
-        [chunk for table in tables for chunk in table.column(column).chunks],
-        type=tables[0].schema.field(column).type,
-    )
-
-
-def _indices(encoded: pa.ChunkedArray) -> np.ndarray:
-    """Indices of dictionary chunks that share one dictionary, as one int64 array."""
-    if not encoded.num_chunks:
-        return np.zeros(0, np.int64)
-    return np.concatenate([c.indices.to_numpy() for c in encoded.chunks]).astype(np.int64)
-
-
-def _task_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
-    """One code per row and the task names they index, equal names sharing one code."""
-    if pa.types.is_dictionary(column.type):
-        # Every file (and row group) brings its own dictionary; unifying touches only those.
-        column = pa.table({"task_id": column}).unify_dictionaries().column(0)
-    else:
-        column = pc.dictionary_encode(column)
-    if not column.num_chunks:
-        return np.zeros(0, np.int64), pa.array([], pa.string())
-    return _indices(column), column.chunks[0].dictionary
 
 
 def _order(codes: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -187,7 +221,8 @@ def _order(codes: np.ndarray, t: np.ndarray) -> np.ndarray:
     episodes, steps = int(codes.max()) - first_code + 1, int(t.max()) - first_t + 1
     if episodes * steps >= 2**62:
         return np.lexsort((t, codes))
-    return np.argsort((codes - first_code) * steps + (t - first_t), kind="stable")
+    key = (codes.astype(np.int64) - first_code) * steps + (t - first_t)
+    return np.argsort(key, kind="stable")
 
 
 def _task_ids(rows: _Rows, firsts: np.ndarray) -> tuple[str, ...]:
@@ -271,9 +306,8 @@ def _refuse_early_ends(rows: _Rows, flag: str, early: np.ndarray) -> None:
         return
     row = int(early[0])
     count = len(np.unique(rows.codes[early]))
-    last = row + 1
-    while last + 1 < len(rows.codes) and rows.codes[last + 1] == rows.codes[row]:
-        last += 1
+    boundaries = np.flatnonzero(~rows.same[row:])
+    last = row + int(boundaries[0]) if len(boundaries) else len(rows.codes) - 1
     raise DatasetError(
         f"{rows.where(row)}: eps_id {rows.eps_id(row)!r} has {flag} set at t {rows.t[row]} but "
         f"continues to t {rows.t[last]}{_also_in(rows, last, row)}"
@@ -292,15 +326,3 @@ def _also_in(rows: _Rows, seen: int, here: int) -> str:
     if rows.file[seen] == rows.file[here]:
         return ""
     return f" (t {rows.t[seen]} is in {rows.where(seen)})"
-
-
-def _module_ids(tables: list[pa.Table], schema: EpisodeSchema) -> tuple[str, ...]:
-    if not schema.has_module_id:
-        return (DEFAULT_MODULE_ID,)
-    seen: set[str] = set()
-    for table in tables:
-        values = pc.unique(table.column("module_id"))
-        if pa.types.is_dictionary(values.type):
-            values = values.dictionary_decode()
-        seen.update(values.to_pylist())
-    return tuple(sorted(seen))

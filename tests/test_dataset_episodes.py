@@ -34,9 +34,11 @@ def _steps(eps_id, t, *, terminated=(), truncated=(), **columns) -> pa.Table:
     return episode_table(len(t), eps_id=ids, t=pa.array(t, pa.int32()), **columns)
 
 
-def test_episodes_may_span_files_in_any_row_order(tmp_path):
+@pytest.mark.parametrize("id_type", [pa.int64(), pa.string()])
+def test_episodes_may_span_files_in_any_row_order(tmp_path, id_type):
     rng = np.random.default_rng(0)
     whole = episode_table(60, episode_length=6, tasks=("a", "b", "c"))
+    whole = whole.set_column(0, "eps_id", whole.column("eps_id").cast(id_type))
     shuffled = whole.take(rng.permutation(60))
     write(tmp_path / "a.parquet", shuffled.slice(0, 25))
     write(tmp_path / "b.parquet", shuffled.slice(25))
