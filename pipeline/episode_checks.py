@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError, EpisodeSchema
 from pipeline.sources import ResolvedSource
+from pipeline.validation import read_columns
 
 _FLAGS = ("terminateds", "truncateds")
 _SHOWN_DUPLICATES = 5
@@ -155,15 +155,7 @@ def _read_ids(path: str, resolved: ResolvedSource, schema: EpisodeSchema) -> pa.
     canonical += ["task_id"] if schema.has_task_id else []
     canonical += ["module_id"] if schema.has_module_id else []
     on_disk = [schema.column_map.get(c, c) for c in canonical]
-    try:
-        with resolved.filesystem.open_input_file(path) as handle:
-            table = pq.ParquetFile(handle).read(columns=on_disk)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise DatasetError(
-            f"{path}: columns {', '.join(on_disk)} cannot be read ({' '.join(str(exc).split())}); "
-            "expected readable Parquet data behind a valid footer (is the file corrupted?)"
-        ) from None
-    return table.rename_columns(canonical)
+    return read_columns(resolved, path, on_disk).rename_columns(canonical)
 
 
 def _dictionary_chunks(column: pa.ChunkedArray) -> list[pa.Array]:

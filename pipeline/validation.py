@@ -109,16 +109,7 @@ def check_nulls(
     for fact in facts:
         if not fact.maybe_null:
             continue
-        on_disk = [column_map.get(c, c) for c in fact.maybe_null]
-        try:
-            with resolved.filesystem.open_input_file(fact.path) as handle:
-                table = pq.ParquetFile(handle).read(columns=on_disk)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise DatasetError(
-                f"{fact.path}: columns {', '.join(on_disk)} cannot be read "
-                f"({' '.join(str(exc).split())}); expected readable Parquet data behind a "
-                "valid footer (is the file corrupted?)"
-            ) from None
+        table = read_columns(resolved, fact.path, [column_map.get(c, c) for c in fact.maybe_null])
         for column, values in zip(fact.maybe_null, table.columns, strict=True):
             rows = _null_rows(values)
             if rows:
@@ -127,6 +118,18 @@ def check_nulls(
                     f"{fact.num_rows} rows; expected a value in every row of every canonical "
                     "column. Fix: drop or fill those rows"
                 )
+
+
+def read_columns(resolved: ResolvedSource, path: str, columns: list[str]) -> pa.Table:
+    """Read some columns of one file whose footer was checked; refuse damaged data by name."""
+    try:
+        with resolved.filesystem.open_input_file(path) as handle:
+            return pq.ParquetFile(handle).read(columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(
+            f"{path}: columns {', '.join(columns)} cannot be read ({' '.join(str(exc).split())}); "
+            "expected readable Parquet data behind a valid footer (is the file corrupted?)"
+        ) from None
 
 
 def build_schema(
