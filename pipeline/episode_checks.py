@@ -82,7 +82,7 @@ def check_episodes(
     columns = _read_columns(resolved, schema)
     rows = _in_order(columns, resolved.files)
     same, step = rows.same, rows.step
-    firsts = np.concatenate(([0], np.flatnonzero(~same) + 1)) if len(rows.t) else same
+    firsts = np.flatnonzero(np.concatenate(([len(rows.t) > 0], ~same)))
     _refuse_duplicates(rows, same & (step == 0), resolved.description)
     if rows.tasks is not None:
         _refuse_task_changes(rows, same & (rows.tasks[1:] != rows.tasks[:-1]))
@@ -180,13 +180,11 @@ def _in_order(columns: _Columns, files: Sequence[str]) -> _Rows:
     and then no row moves."""
     codes, t = columns.codes, columns.t
     same, step = codes[1:] == codes[:-1], t[1:] - t[:-1]
-    if ((codes[1:] > codes[:-1]) | (same & (step > 0))).all():
-        position, take = None, lambda values: values
-    else:
+    order = position = None
+    if not ((codes[1:] > codes[:-1]) | (same & (step > 0))).all():
         order = _order(codes, t)
         position = np.empty_like(order)
         position[order] = np.arange(len(order))
-        take = lambda values: values[order]  # noqa: E731
         codes, t = codes[order], t[order]
         same, step = codes[1:] == codes[:-1], t[1:] - t[:-1]
     return _Rows(
@@ -199,8 +197,8 @@ def _in_order(columns: _Columns, files: Sequence[str]) -> _Rows:
             flag: rows if position is None else np.sort(position[rows])
             for flag, rows in columns.ends.items()
         },
-        file=take(columns.file),
-        tasks=None if columns.tasks is None else take(columns.tasks),
+        file=columns.file if order is None else columns.file[order],
+        tasks=columns.tasks if order is None or columns.tasks is None else columns.tasks[order],
         task_names=columns.task_names,
         files=files,
     )
@@ -314,7 +312,7 @@ def _of_episodes(count: int, what: str) -> str:
 
 
 def _also_in(rows: _Rows, seen: int, here: int) -> str:
-    """Where an earlier row of the same episode lives, when that is another file."""
+    """Where another row of the same episode lives, when that is another file."""
     if rows.file[seen] == rows.file[here]:
         return ""
     return f" (t {rows.t[seen]} is in {rows.where(seen)})"
