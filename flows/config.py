@@ -45,6 +45,11 @@ class DataConfig(BaseModel):
         description="Canonical column -> column name on disk, for both datasets "
         "(e.g. {obs: observation}).",
     )
+    allow_partial_episodes: bool = Field(
+        False,
+        description="Accept episodes that do not start at t 0, miss steps or carry an end "
+        "flag before their last step (a knowingly partial dataset; see data/README.md).",
+    )
 
 
 class TasksConfig(BaseModel):

@@ -33,8 +33,9 @@ def validate_datasets(cfg: MetaTrainConfig) -> Datasets:
     config field, what was found and what was expected.
     """
     column_map = cfg.data.column_map or None
-    train = read_episodes(cfg.data.train, column_map=column_map)
-    heldout = read_episodes(cfg.data.heldout, column_map=column_map)
+    partial = cfg.data.allow_partial_episodes
+    train = read_episodes(cfg.data.train, column_map=column_map, allow_partial_episodes=partial)
+    heldout = read_episodes(cfg.data.heldout, column_map=column_map, allow_partial_episodes=partial)
     _check_same_layout(train, heldout)
     for split, episodes in (("train", train), ("heldout", heldout)):
         _check_modules(cfg, split, episodes)

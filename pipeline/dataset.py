@@ -1,10 +1,11 @@
 """Read an episode dataset: check it, fingerprint it, count it, then hand it to Ray Data.
 
-``inspect_episodes`` does everything that needs no Ray (footer checks, ``dataset.json``,
-fingerprint, episode/task/module counts); ``read_episodes`` adds the Ray Dataset, built
-only from files that passed. Columns arrive in canonical names and canonical types:
-observations and float actions as ``fixed_shape_tensor`` (so numpy batches are float32
-``[B, *shape]`` arrays, never object arrays) and ``t`` as int32.
+``inspect_episodes`` does everything that needs no Ray (footer checks, nulls,
+``dataset.json``, episode structure across files, fingerprint, episode/task/module counts);
+``read_episodes`` adds the Ray Dataset, built only from files that passed. Columns arrive
+in canonical names and canonical types: observations and float actions as
+``fixed_shape_tensor`` (so numpy batches are float32 ``[B, *shape]`` arrays, never object
+arrays) and ``t`` as int32.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
+from pipeline.episode_checks import check_episodes
 from pipeline.metadata import check_metadata, check_task_ids, load_metadata
-from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError, EpisodeSchema
+from pipeline.schema import EpisodeSchema
 from pipeline.sources import METADATA_FILE, ResolvedSource, Source, resolve_source
-from pipeline.validation import build_schema, check_column_map, read_footers
+from pipeline.validation import build_schema, check_column_map, check_nulls, read_footers
 
 if TYPE_CHECKING:
     import ray.data
@@ -86,32 +87,36 @@ def inspect_episodes(
     *,
     column_map: Mapping[str, str] | None = None,
     filesystem: pafs.FileSystem | None = None,
+    allow_partial_episodes: bool = False,
 ) -> DatasetInfo:
     """Validate a dataset and describe it, reading footers, id columns and file bytes only.
 
     Raises ``DatasetError`` naming the file, the column, what was found and what was
     expected. ``column_map`` maps canonical names to names on disk.
+    ``allow_partial_episodes`` accepts episodes that do not start at ``t = 0``, miss steps
+    or carry an end flag before their last step (see data/README.md, Episodes).
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
     metadata, metadata_bytes = load_metadata(resolved)
     facts = read_footers(resolved, mapping)
     schema = build_schema(resolved, facts, mapping)
+    check_nulls(resolved, facts, mapping)
     rows_per_file = {f.path: f.num_rows for f in facts}
     if metadata is not None:
         check_metadata(metadata, resolved, schema, rows_per_file)
-    num_episodes, task_ids, module_ids = _count_ids(resolved, schema)
+    ids = check_episodes(resolved, schema, allow_partial_episodes=allow_partial_episodes)
     if metadata is not None:
-        check_task_ids(metadata, resolved, task_ids)
+        check_task_ids(metadata, resolved, ids.task_ids)
     return DatasetInfo(
         schema=schema,
         metadata=_json_document(metadata_bytes),
         fingerprint=_fingerprint(resolved, metadata_bytes),
         files=resolved.files,
         num_rows=sum(rows_per_file.values()),
-        num_episodes=num_episodes,
-        task_ids=task_ids,
-        module_ids=module_ids,
+        num_episodes=ids.num_episodes,
+        task_ids=ids.task_ids,
+        module_ids=ids.module_ids,
         root=resolved.root,
         filesystem=resolved.filesystem,
         needs_normalising=_needs_normalising(facts[0].types),
@@ -123,6 +128,7 @@ def read_episodes(
     *,
     column_map: Mapping[str, str] | None = None,
     filesystem: pafs.FileSystem | None = None,
+    allow_partial_episodes: bool = False,
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
 
@@ -131,7 +137,12 @@ def read_episodes(
     """
     import ray.data
 
-    info = inspect_episodes(source, column_map=column_map, filesystem=filesystem)
+    info = inspect_episodes(
+        source,
+        column_map=column_map,
+        filesystem=filesystem,
+        allow_partial_episodes=allow_partial_episodes,
+    )
     dataset = ray.data.read_parquet(
         list(info.files),
         filesystem=info.filesystem,
@@ -183,34 +194,6 @@ def _normalise_batch(batch: pa.Table) -> pa.Table:
     return batch
 
 
-def _count_ids(
-    resolved: ResolvedSource, schema: EpisodeSchema
-) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
-    """Distinct episodes, tasks and modules, reading only those columns."""
-    canonical = ["eps_id"]
-    canonical += ["task_id"] if schema.has_task_id else []
-    canonical += ["module_id"] if schema.has_module_id else []
-    on_disk = [schema.column_map.get(c, c) for c in canonical]
-    seen: dict[str, set[Any]] = {c: set() for c in canonical}
-    for path in resolved.files:
-        try:
-            with resolved.filesystem.open_input_file(path) as handle:
-                table = pq.ParquetFile(handle).read(columns=on_disk)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise DatasetError(
-                f"{path}: columns {', '.join(on_disk)} cannot be read ({_one_line(exc)}); expected "
-                "readable Parquet data behind a valid footer (is the file corrupted?)"
-            ) from None
-        for name, column in zip(canonical, table.columns, strict=True):
-            values = pc.unique(column)
-            if pa.types.is_dictionary(values.type):
-                values = values.dictionary_decode()
-            seen[name].update(values.to_pylist())
-    tasks = tuple(sorted(seen["task_id"])) if schema.has_task_id else (DEFAULT_TASK_ID,)
-    modules = tuple(sorted(seen["module_id"])) if schema.has_module_id else (DEFAULT_MODULE_ID,)
-    return len(seen["eps_id"]), tasks, modules
-
-
 def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> str:
     """sha256 over the sorted ``relative path, size, sha256 of the bytes`` lines of every
     file, then ``dataset.json``'s bytes: any changed byte changes it, renames too."""
@@ -228,10 +211,6 @@ def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> str:
     if metadata_bytes:
         total.update(f"{METADATA_FILE}\t{len(metadata_bytes)}\t".encode() + metadata_bytes)
     return total.hexdigest()
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
 
 
 def _json_document(raw: bytes) -> dict[str, Any]:

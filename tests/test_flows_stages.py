@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -112,6 +113,20 @@ def test_held_out_tasks_of_another_family_are_refused(data: Path, tmp_path: Path
         f"{data / 'train'} has [2]; expected held-out tasks of the same task family "
         "(data.heldout must match data.train)"
     )
+
+
+def test_partial_episodes_pass_only_with_the_data_option(data: Path, tmp_path: Path) -> None:
+    [train] = sorted((data / "train").glob("*.parquet"))
+    rows = pq.read_table(train)
+    partial = tmp_path / "partial" / train.name
+    partial.parent.mkdir()
+    pq.write_table(rows.slice(6), partial)
+    cfg = tiny_config(data, tmp_path, [f"data.train={partial.parent}"])
+    with pytest.raises(DatasetError, match=r"eps_id 0 starts at t 6; expected every episode"):
+        validate_dataset.fn(cfg)
+    allowed = ["data.allow_partial_episodes=true", f"data.train={partial.parent}"]
+    datasets = validate_dataset.fn(tiny_config(data, tmp_path, allowed))
+    assert datasets.train.num_rows == rows.num_rows - 6
 
 
 @pytest.mark.parametrize(

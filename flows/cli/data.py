@@ -1,7 +1,7 @@
 """``offmeta data``: generate synthetic datasets and validate datasets on disk.
 
 ``validate`` runs every check ``read_episodes`` runs, without starting Ray: it reads
-footers, ``dataset.json``, the id columns and the file bytes (for the fingerprint).
+footers, ``dataset.json``, the id and flag columns and the file bytes (for the fingerprint).
 """
 
 from __future__ import annotations
@@ -61,6 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="CANONICAL=DISK",
         help="read canonical column CANONICAL from column DISK (repeatable)",
     )
+    validate.add_argument(
+        "--allow-partial-episodes",
+        action="store_true",
+        help="accept episodes that do not start at t 0, miss steps or end early (a knowingly "
+        "partial dataset)",
+    )
     validate.add_argument("--json", action="store_true", help="print summaries as JSON lines")
     validate.set_defaults(handler=_validate)
 
@@ -104,7 +110,11 @@ def _validate(args: argparse.Namespace) -> int:
     status = 0
     for path in args.paths:
         try:
-            summary = inspect_episodes(path, column_map=column_map).summary()
+            summary = inspect_episodes(
+                path,
+                column_map=column_map,
+                allow_partial_episodes=args.allow_partial_episodes,
+            ).summary()
         except DatasetError as exc:
             print(f"offmeta data validate: {exc}", file=sys.stderr)
             status = 1
