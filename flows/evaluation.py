@@ -106,7 +106,8 @@ class EvaluationReport:
     def summary(self) -> str:
         """One line: the query loss before and after adaptation, and the returns."""
         losses = [
-            f"{loss:.4g} " + ("before adaptation" if steps == 0 else f"after {steps} steps")
+            f"{loss:.4g} "
+            + ("before adaptation" if steps == 0 else f"after {steps} step{'s' * (steps > 1)}")
             for steps, loss in self.query_loss.items()
         ]
         line = f"held-out evaluation on {self.tasks} tasks: query loss {', '.join(losses)}"
