@@ -40,7 +40,8 @@ from flows.datasets import Datasets, validate_datasets
 from flows.evaluation import EvaluationReport, evaluate
 from flows.publishing import prefect_artifact_keys, publish, show_in_prefect
 from flows.retry_policy import is_permanent
-from flows.runs import ActiveRun, abandoned_flow_runs, open_run, prune_runs
+from flows.run_retention import prune_runs
+from flows.runs import ActiveRun, abandoned_flow_runs, open_run
 from flows.runtime import code_version, ray_session, torch_threads
 from flows.scale_out import train_on_ray
 from flows.train_state import TrainResult

@@ -10,6 +10,8 @@ runs pruned.
         finished.json   written once the version is published: the run is done
 
 A run is *live* while a process holds its lock and *unfinished* until finished.json exists.
+Entries of the runs root whose names start with a dot are not runs (``flows.run_retention``
+renames a run so before removing it).
 ``offmeta run --resume`` continues the newest unfinished run that is not live and has the
 same config identity: the sha256 of the config as canonical JSON without the fields that
 only say how to run it (``IDENTITY_EXCLUDES``), so the same identity means the same result.
@@ -25,8 +27,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -52,7 +52,6 @@ IDENTITY_EXCLUDES = {
     )
 }
 """Config fields left out of a run's identity: where runs live, how many are kept, retries."""
-_REMOVING = ".removing-"
 _SHOWN_DIFFERENCES = 5
 
 
@@ -124,7 +123,7 @@ def list_runs(root: str | os.PathLike[str]) -> list[RunRecord]:
         return []
     records = []
     for entry in entries:
-        if entry.name.startswith(_REMOVING) or not (entry / RUN_FILE).is_file():
+        if entry.name.startswith(".") or not (entry / RUN_FILE).is_file():
             continue
         with contextlib.suppress(RunDirError):
             records.append(read_run(entry))
@@ -138,13 +137,9 @@ def live_pid(path: Path) -> int | None:
     except FileNotFoundError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        content = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        return int(content) if content.isdigit() else 0
+        return _holder(fd)
     finally:
         os.close(fd)
-    return None
 
 
 def find_resumable(cfg: MetaTrainConfig) -> Path:
@@ -199,6 +194,17 @@ class ActiveRun:
 
 
 @contextlib.contextmanager
+def hold(path: Path) -> Iterator[None]:
+    """Hold the run directory's lock for the ``with`` block; ``RunDirError`` if a live
+    process holds it."""
+    fd = _lock(path)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def open_run(
     cfg: MetaTrainConfig, *, resume: str | os.PathLike[str] | None, flow_run_id: str | None
 ) -> Iterator[ActiveRun]:
@@ -216,8 +222,7 @@ def open_run(
             ) from None
     else:
         path = read_run(resume).path
-    fd = _lock(path)
-    try:
+    with hold(path):
         if resume is None:
             earlier: list[str] = []
             document = {
@@ -235,53 +240,6 @@ def open_run(
         document["starts"].append({"flow_run_id": flow_run_id, "started_at": _now()})
         _write_json(path / RUN_FILE, document)
         yield ActiveRun(read_run(path), earlier)
-    finally:
-        os.close(fd)
-
-
-def prune_runs(
-    root: str | os.PathLike[str],
-    *,
-    keep_finished: int,
-    keep_unfinished_days: float,
-    now: float | None = None,
-) -> list[Path]:
-    """Remove the finished runs older than the newest ``keep_finished`` and the unfinished
-    runs untouched for more than ``keep_unfinished_days``; returns the directories removed.
-
-    A run a live process holds is never removed; one being removed is locked first, so a
-    resume cannot start in it meanwhile.
-    """
-    root = Path(root)
-    now = time.time() if now is None else now
-    records = list_runs(root)
-    finished = sorted(
-        (record for record in records if record.finished is not None),
-        key=lambda record: record.finished["finished_at"],
-        reverse=True,
-    )
-    stale = [
-        record
-        for record in records
-        if record.finished is None
-        and now - _last_active(record.path) > keep_unfinished_days * 86400
-    ]
-    removed = []
-    for record in finished[keep_finished:] + stale:
-        try:
-            fd = _lock(record.path)
-        except RunDirError:
-            continue
-        try:
-            doomed = root / f"{_REMOVING}{record.path.name}"
-            record.path.rename(doomed)
-        finally:
-            os.close(fd)
-        removed.append(record.path)
-    # Also what an interrupted earlier removal left behind.
-    for leftover in root.glob(f"{_REMOVING}*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    return removed
 
 
 def abandoned_flow_runs(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
@@ -372,26 +330,24 @@ def _lock(path: Path) -> int:
         fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except FileNotFoundError:
         raise RunDirError(f"{path}: no such run directory (removed meanwhile?)") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        content = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    holder = _holder(fd)
+    if holder is not None:
         os.close(fd)
-        raise RunDirError(f"{path}: {_running(int(content) if content.isdigit() else 0)}") from None
+        raise RunDirError(f"{path}: {_running(holder)}")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
 
 
-def _last_active(path: Path) -> float:
-    """The newest modification time of the run directory and its directories two levels
-    down (each checkpoint adds an entry to one of them)."""
-    newest = (path / RUN_FILE).stat().st_mtime
-    for directory, subdirectories, _ in os.walk(path):
-        newest = max(newest, os.stat(directory).st_mtime)
-        if len(Path(directory).relative_to(path).parts) >= 2:
-            subdirectories.clear()
-    return newest
+def _holder(fd: int) -> int | None:
+    """The pid written in the lock file ``fd`` that another open file holds (0: none
+    written); None when it was free, and ``fd`` holds it now."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        content = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        return int(content) if content.isdigit() else 0
+    return None
 
 
 def _write_json(path: Path, document: Mapping[str, Any]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.config import MetaTrainConfig
+from flows.run_retention import prune_runs
 from flows.runs import (
     LOCK_FILE,
     RUN_FILE,
@@ -21,7 +22,6 @@ from flows.runs import (
     find_resumable,
     live_pid,
     open_run,
-    prune_runs,
     read_run,
 )
 from tests.flow_runs import tiny_config
@@ -184,6 +184,7 @@ def test_pruning_keeps_the_newest_finished_runs_and_recent_unfinished_ones(
     finished = [_run(cfg, f"done-{i}", finished=True) for i in range(4)]
     recent, stale, held = (_run(cfg, name) for name in ("recent", "stale", "held"))
     (root / "foreign").mkdir()
+    (root / ".removing-interrupted" / "checkpoints").mkdir(parents=True)
     now = os.path.getmtime(recent / RUN_FILE)
     for path in (stale, held, *finished):
         _age(path, 30, now)
