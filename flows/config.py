@@ -95,10 +95,24 @@ class TrainingConfig(BaseModel):
     )
     checkpoint_dir: str = Field(
         "runs",
-        description="Run directories live here, one per flow run: "
-        "<checkpoint_dir>/<flow run id>/checkpoints/.",
+        description="The runs root: one directory per run, <checkpoint_dir>/<id of the flow "
+        "run that started it>/ (run.json, checkpoints/, finished.json); offmeta run --resume "
+        "continues an unfinished one.",
     )
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept per run.")
+    keep_runs: int = Field(
+        5,
+        ge=1,
+        description="Finished run directories kept under checkpoint_dir; older finished ones "
+        "are removed when a run starts. Their results live on in the artifact store.",
+    )
+    keep_unfinished_days: float = Field(
+        7.0,
+        gt=0,
+        description="Days an unfinished run directory (a killed or failed run, resumable with "
+        "offmeta run --resume) is kept after its last checkpoint; one that a live process "
+        "holds is never removed.",
+    )
     retries: int = Field(
         2,
         ge=0,

@@ -103,6 +103,18 @@ class EvaluationReport:
             )
         return "\n".join(line.rstrip() for line in lines)
 
+    def summary(self) -> str:
+        """One line: the query loss before and after adaptation, and the returns."""
+        losses = [
+            f"{loss:.4g} "
+            + ("before adaptation" if steps == 0 else f"after {steps} step{'s' * (steps > 1)}")
+            for steps, loss in self.query_loss.items()
+        ]
+        line = f"held-out evaluation on {self.tasks} tasks: query loss {', '.join(losses)}"
+        if self.returns is not None:
+            line += "; return " + ", ".join(f"{k} {v:.4g}" for k, v in self.returns.items())
+        return line
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (step counts become string keys)."""
         data = asdict(self)
@@ -159,7 +171,8 @@ def evaluate(
         rollout_episodes=settings.rollout_episodes if returns is not None else 0,
         rollout_adapt_steps=settings.rollout_adapt_steps if returns is not None else 0,
     )
-    logger.info("%s", report.format())
+    # One line: `offmeta run` prints the whole table once, after the run.
+    logger.info("%s", report.summary())
     return report
 
 

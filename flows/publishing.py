@@ -13,7 +13,7 @@ from typing import Any
 from flows.config import MetaTrainConfig
 from flows.datasets import Datasets
 from flows.evaluation import EvaluationReport
-from flows.training import TrainResult
+from flows.train_state import TrainResult
 from pipeline.artifacts import ArtifactRef, ArtifactStore, Lineage
 from pipeline.checkpoints import dump_state
 
@@ -32,11 +32,13 @@ def publish(
     *,
     flow_run_id: str | None,
     code_version: str | None,
+    run_id: str | None = None,
 ) -> ArtifactRef:
     """Publish the trained parameters with metrics, config, lineage and learning curve.
 
-    Publishing again for the same ``flow_run_id`` (a retried task) returns the version
-    the first attempt published.
+    Publishing again for the same ``run_id`` (the run directory's name: a retried task, a
+    resumed run), or without one for the same ``flow_run_id``, returns the version the
+    first attempt published.
     """
     metrics: dict[str, Any] = {
         "iterations": trained.iterations,
@@ -74,7 +76,7 @@ def publish(
         lineage=lineage,
         history=trained.history,
         files=files,
-        idempotency_key=f"meta-train/{flow_run_id}" if flow_run_id else None,
+        idempotency_key=f"meta-train/{key}" if (key := run_id or flow_run_id) else None,
     )
 
 

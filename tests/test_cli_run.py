@@ -34,6 +34,25 @@ def test_run_refuses_an_invalid_config_before_starting_anything(
     )
 
 
+def test_run_resume_refuses_before_starting_anything_when_there_is_nothing_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path / "run.yaml", tiny_document(tmp_path, tmp_path))
+    assert main(["run", "--config", str(config), "--resume"]) == 2
+    assert capsys.readouterr().err == (
+        f"offmeta run: --resume: no unfinished run of 'tiny-robot' with this config under "
+        f"{tmp_path / 'runs'}; run without --resume to start a new run, or name a run "
+        "directory with --resume RUN_DIR\n"
+    )
+    assert main(["run", "--config", str(config), "--resume", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"offmeta run: --resume: {tmp_path} is not an offmeta run directory (it has no "
+        "run.json); expected a directory under training.checkpoint_dir, e.g. "
+        "runs/<flow run id>\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
+
+
 def test_serve_refuses_an_invalid_cron(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path / "run.yaml", tiny_document(tmp_path, tmp_path))
     status = main(["serve", "--config", str(config), "--cron", "0 3 * *"])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
@@ -23,10 +22,11 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
 )
 
-import flows.training
 from flows.cli import main
 from flows.meta_train import meta_train
 from flows.publishing import prefect_artifact_keys
+from flows.runs import read_run
+from learners.meta import MetaLearner
 from pipeline.artifacts import ArtifactStore, Manifest
 from pipeline.dataset import inspect_episodes
 from tests.flow_runs import tiny_config, tiny_document, tiny_point_robot, write_config
@@ -59,20 +59,27 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
     return FirstRun(data, work, stdout.getvalue(), store.get("tiny-robot:1"), store)
 
 
-@contextlib.contextmanager
-def _crash_once_after(iteration: int) -> Iterator[list[int]]:
-    calls: list[int] = []
+@dataclass
+class OneFailure:
+    """The meta-step that reaches iteration ``at`` fails once, as a lost device would."""
 
-    def hook(done: int) -> None:
-        calls.append(done)
-        if done == iteration and calls.count(done) == 1:
-            raise RuntimeError(f"injected crash after the checkpoint at iteration {done}")
+    at: int | None = None
+    failures: int = 0
 
-    flows.training._checkpoint_hook = hook
-    try:
-        yield calls
-    finally:
-        flows.training._checkpoint_hook = None
+
+@pytest.fixture
+def one_failure(monkeypatch: pytest.MonkeyPatch) -> OneFailure:
+    failure = OneFailure()
+    step = MetaLearner.step
+
+    def failing_step(self: MetaLearner, meta_batch: dict) -> dict:
+        if failure.at == self.weights_seq_no + 1 and failure.failures == 0:
+            failure.failures += 1
+            raise RuntimeError(f"injected failure of meta-step {failure.at}")
+        return step(self, meta_batch)
+
+    monkeypatch.setattr(MetaLearner, "step", failing_step)
+    return failure
 
 
 def test_offmeta_run_prints_the_evaluation_table_and_the_reference(first_run: FirstRun) -> None:
@@ -111,8 +118,9 @@ def test_the_published_version_records_its_lineage(first_run: FirstRun) -> None:
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(UUID(lineage.flow_run_id))
     assert flow_run.state.is_completed()
-    run_dir = first_run.work / "runs" / lineage.flow_run_id / "checkpoints"
-    assert lineage.extras["checkpoint"] == str(run_dir / "ckpt-00000012")
+    run_dir = first_run.work / "runs" / lineage.flow_run_id
+    assert lineage.extras["checkpoint"] == str(run_dir / "checkpoints" / "ckpt-00000012")
+    assert read_run(run_dir).finished["artifact"] == "tiny-robot:1"
 
 
 def test_prefect_shows_the_version_as_link_table_markdown_and_progress(
@@ -154,13 +162,13 @@ def test_refused_input_fails_the_run_before_anything_is_written(
 
 
 def test_a_retried_training_task_resumes_from_its_checkpoint(
-    first_run: FirstRun, tmp_path: Path
+    first_run: FirstRun, tmp_path: Path, one_failure: OneFailure
 ) -> None:
     cfg = tiny_config(first_run.data, tmp_path)
-    with _crash_once_after(8) as calls:
-        summary = meta_train(cfg)
-    # Attempt 1 checkpointed at 4 and 8 and crashed; attempt 2 resumed at 8.
-    assert calls == [4, 8, 12]
+    one_failure.at = 10
+    summary = meta_train(cfg)
+    # Attempt 1 checkpointed at 4 and 8 and failed at step 10; attempt 2 resumed at 8.
+    assert one_failure.failures == 1
     assert summary.resumed_from == 8
     store = ArtifactStore(tmp_path / "artifacts")
     manifest = store.get(summary.artifact)

@@ -38,8 +38,7 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
     assert datasets.summary()["train"]["tasks"] == 12
     assert datasets.summary()["heldout"]["tasks"] == 4
 
-    trained = train_learner.fn(cfg, datasets)
-    # Outside a flow run the run directory is <checkpoint_dir>/local.
+    trained = train_learner.fn(cfg, datasets, str(tmp_path / "runs" / "local"))
     checkpoints = tmp_path / "runs" / "local" / "checkpoints"
     assert trained.checkpoint == checkpoints / "ckpt-00000012"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000008", "ckpt-00000012"]
@@ -63,7 +62,7 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
         2,
     )
 
-    ref = publish_result.fn(cfg, trained, report, datasets)
+    ref = publish_result.fn(cfg, trained, report, datasets, "local")
     store = ArtifactStore(cfg.artifacts.root)
     manifest = store.get(str(ref))
     assert str(ref) == "tiny-robot:1"
@@ -170,6 +169,10 @@ def test_the_report_table_compares_with_before_adaptation() -> None:
             "return, adapted (5 steps)       -6.5    +8.5",
             "return, expert                  -4.5   +10.5",
         ]
+    )
+    assert report.summary() == (
+        "held-out evaluation on 50 tasks: query loss 0.004 before adaptation, 0.002 after 1 "
+        "step, 0.001 after 5 steps; return unadapted -15, adapted -6.5, expert -4.5"
     )
     assert report.metrics() == {
         "heldout_query_loss_0_steps": 0.004,

@@ -8,12 +8,11 @@ import pytest
 import torch
 from tolerances import largest, rounding_tolerance, trajectory_tolerance
 
-import flows.scale_out.driver as driver
 from flows.config import validate_config
 from flows.datasets import Datasets
 from flows.evaluation import evaluate
 from flows.publishing import publish
-from flows.scale_out import train_on_ray
+from flows.scale_out import WorkerFault, train_on_ray
 from flows.training import train
 from pipeline.artifacts import ArtifactStore
 from pipeline.dataset import read_episodes
@@ -62,13 +61,13 @@ def datasets(tmp_path_factory, ray_session):
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_worker_restarts_and_the_run_matches_one_learner(datasets, monkeypatch):
+def test_a_killed_worker_restarts_and_the_run_matches_one_learner(datasets):
     root, data = datasets
     reference = train(_config(root, learners=0, run="one"), data.train, run_dir=root / "one")
 
     cfg = _config(root, learners=2, run="two")
-    monkeypatch.setattr(driver, "_fail_at", {"rank": 1, "iteration": 5})
-    result = train_on_ray(cfg, data.train, run_dir=root / "two")
+    fault = WorkerFault(rank=1, iteration=5)
+    result = train_on_ray(cfg, data.train, run_dir=root / "two", fault=fault)
 
     assert (result.restarts, result.num_learners, result.iterations) == (1, 2, ITERATIONS)
     assert result.resumed_from == 4  # the last checkpoint before the failure

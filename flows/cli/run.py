@@ -4,6 +4,9 @@ Both take ``--config FILE`` and any number of ``--set KEY=VALUE`` overrides; the
 validated before Prefect, Ray or torch is imported, so a typo costs a second, not a Ray
 start-up. Without ``PREFECT_API_URL`` Prefect starts a temporary local server for the run;
 with it, runs are recorded on that server.
+
+``offmeta run --resume [RUN_DIR]`` continues an unfinished run (``flows.runs``); the run
+directory is found and checked before anything starts.
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ import sys
 from typing import TYPE_CHECKING
 
 from flows.config import ConfigError, MetaTrainConfig, load_config
+from flows.runs import RunDirError, check_resumable, find_resumable, read_run
 from flows.runtime import set_quiet_environment
 
 if TYPE_CHECKING:
     from prefect.client.schemas.schedules import CronSchedule
+
+_NEWEST = "\0newest"
+"""``--resume`` without a value: not a path anybody can type."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,6 +47,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run the meta_train flow once: validate the data, meta-train, evaluate "
         "on held-out tasks, publish a new artifact version. Prints the evaluation table and "
         "the published reference.",
+    )
+    run.add_argument(
+        "--resume",
+        nargs="?",
+        const=_NEWEST,
+        metavar="RUN_DIR",
+        help="continue an unfinished run (killed, or failed) from its last checkpoint: the "
+        "newest one of this config under training.checkpoint_dir, or the run directory "
+        "RUN_DIR; it ends as the run would have ended uninterrupted",
     )
     run.set_defaults(handler=_run)
 
@@ -66,14 +82,21 @@ def _run(args: argparse.Namespace) -> int:
     cfg = _load(args, "run")
     if cfg is None:
         return 2
+    try:
+        resume = _resume_dir(args.resume, cfg)
+    except RunDirError as error:
+        print(f"offmeta run: --resume: {error}", file=sys.stderr)
+        return 2
     set_quiet_environment()
     from flows.meta_train import meta_train
 
     try:
-        summary = meta_train(cfg)
+        summary = meta_train(cfg, resume=resume)
     except Exception as error:  # the flow has logged the traceback; say it in one line
         print(f"offmeta run: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
+    if resume is not None:
+        print(f"resumed {summary.run_dir} at iteration {summary.resumed_from or 0}")
     print()
     print(summary.evaluation.format())
     print()
@@ -118,6 +141,16 @@ def _load(args: argparse.Namespace, command: str) -> MetaTrainConfig | None:
     except ConfigError as error:
         print(f"offmeta {command}: {error}", file=sys.stderr)
         return None
+
+
+def _resume_dir(resume: str | None, cfg: MetaTrainConfig) -> str | None:
+    """The run directory ``--resume`` names or finds (None without ``--resume``)."""
+    if resume is None:
+        return None
+    if resume == _NEWEST:
+        return str(find_resumable(cfg))
+    check_resumable(read_run(resume), cfg)
+    return resume
 
 
 def _schedule(cron: str | None, timezone: str) -> CronSchedule | None:
