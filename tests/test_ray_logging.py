@@ -28,7 +28,10 @@ RAY_NOISE = ("INFO", "Token authentication", "tqdm", "Running Dataset")
 
 
 def _read(**extra: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != VERBOSE_ENV} | extra
+    # As in a user's shell: RAY_AUTH_MODE unset (a Ray started by an earlier test of this
+    # process sets it, and then Ray has no token warning to give).
+    env = {k: v for k, v in os.environ.items() if k not in (VERBOSE_ENV, "RAY_AUTH_MODE")}
+    env |= extra
     return subprocess.run(
         [sys.executable, "-c", READ],
         cwd=REPO,
