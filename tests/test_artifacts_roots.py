@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flows.cli import main
 from flows.config import ConfigError, load_config
 from pipeline.artifacts import ArtifactStore, UnsupportedRootError, local_root
 
@@ -101,6 +102,20 @@ def test_the_config_refuses_such_a_root_naming_the_field() -> None:
     )
     uri = "file:///srv/artifacts"
     assert load_config(POINT_ROBOT, [f"artifacts.root={uri}"]).artifacts.root == uri
+
+
+def test_offmeta_run_refuses_such_a_root_as_an_invalid_config(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    status = main(
+        ["run", "--config", str(POINT_ROBOT), "--set", "artifacts.root=s3://bucket/prefix"]
+    )
+    assert status == 2  # as for every invalid config: nothing ran
+    assert capsys.readouterr().err == (
+        f"offmeta run: invalid config {POINT_ROBOT} (1 error):\n  artifacts.root: {S3_REFUSED}\n"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", ["list", "gc"])
