@@ -22,8 +22,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from learners.config import MetaConfig
-from pipeline.artifacts.errors import ArtifactNameError
+from pipeline.artifacts.errors import ArtifactNameError, UnsupportedRootError
 from pipeline.artifacts.names import validate_name
+from pipeline.artifacts.roots import local_root
 
 _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
@@ -181,8 +182,23 @@ class ArtifactsConfig(BaseModel):
 
     model_config = _STRICT
 
-    root: str = Field("artifacts", description="Artifact store directory.")
+    root: str = Field(
+        "artifacts",
+        description="Artifact store directory: a path (relative to the working directory of "
+        "the run) or a file:// URI; other schemes (s3://...) are refused.",
+    )
     name: str = Field(description="Artifact name; each run publishes its next version.")
+
+    @field_validator("root")
+    @classmethod
+    def _local_root(cls, root: str) -> str:
+        # Kept as written (a relative root stays relative to the run's working directory);
+        # only checked here, so that a root the store would refuse fails at config load.
+        try:
+            local_root(root)
+        except UnsupportedRootError as error:
+            raise ValueError(str(error)) from None
+        return root
 
     @field_validator("name")
     @classmethod

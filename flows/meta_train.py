@@ -159,7 +159,11 @@ def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
 
 @flow(name="meta-train-from-file", persist_result=False)
 def meta_train_from_file(config: str, overrides: list[str] | None = None) -> RunSummary:
-    """``meta_train`` with the config read from ``config`` (YAML) and ``KEY=VALUE`` overrides."""
+    """``meta_train`` with the config read from ``config`` (YAML) and ``KEY=VALUE`` overrides.
+
+    Relative paths (``config`` and those inside it) are relative to the working directory,
+    which a ``prefect.yaml`` deployment sets to the checkout it was deployed from.
+    """
     return meta_train(load_config(config, overrides or ()))
 
 

@@ -11,16 +11,12 @@ import re
 from typing import Any
 
 from flows.config import MetaTrainConfig
+from flows.consumer import learner_state_files
 from flows.datasets import Datasets
 from flows.evaluation import EvaluationReport
 from flows.train_state import TrainResult
 from pipeline.artifacts import ArtifactRef, ArtifactStore, Lineage
-from pipeline.checkpoints import dump_state
 
-LEARNER_TENSORS = "learner_state.safetensors"
-LEARNER_JSON = "learner_state.json"
-"""The full learner state (learned learning rates, optimizer, config) next to the params:
-``MetaLearner.from_state(pipeline.checkpoints.parse_state(tensors, json))`` rebuilds it."""
 EVALUATION_FILE = "evaluation.json"
 
 
@@ -62,10 +58,9 @@ def publish(
             "checkpoint": str(trained.checkpoint),
         },
     )
-    tensor_bytes, json_bytes = dump_state(trained.learner_state)
     files = [
-        (LEARNER_TENSORS, tensor_bytes),
-        (LEARNER_JSON, json_bytes),
+        # The full learner state, which flows.consumer.load_learner rebuilds.
+        *learner_state_files(trained.learner_state),
         (EVALUATION_FILE, (json.dumps(report.to_dict(), indent=2) + "\n").encode()),
     ]
     return ArtifactStore(cfg.artifacts.root).publish(

@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 
 from pipeline.episode_checks import check_episodes
 from pipeline.metadata import check_metadata, check_task_ids, load_metadata
+from pipeline.ray_logging import quiet_ray
 from pipeline.schema import EpisodeSchema
 from pipeline.sources import METADATA_FILE, ResolvedSource, Source, resolve_source
 from pipeline.validation import build_schema, check_column_map, check_nulls, read_footers
@@ -134,9 +135,11 @@ def read_episodes(
 
     The Ray Dataset reads exactly the validated files, renames columns to their canonical
     names and normalises types; it starts Ray (or joins the running session) on first use.
+    Ray's INFO output is silenced unless ``OFFMETA_VERBOSE=1`` (``pipeline.ray_logging``).
     """
     import ray.data
 
+    quiet_ray()
     info = inspect_episodes(
         source,
         column_map=column_map,

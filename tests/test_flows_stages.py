@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from flows.consumer import LEARNER_JSON, LEARNER_TENSORS, load_learner
 from flows.evaluation import EvaluationReport
 from flows.meta_train import (
     _transient,
@@ -16,10 +17,7 @@ from flows.meta_train import (
     train_learner,
     validate_dataset,
 )
-from flows.publishing import LEARNER_JSON, LEARNER_TENSORS
-from learners.meta import MetaLearner
 from pipeline.artifacts import ArtifactStore
-from pipeline.checkpoints import parse_state
 from pipeline.schema import DatasetError
 from pipeline.synthetic import SinusoidTasks, generate
 from tests.flow_runs import tiny_config, tiny_point_robot
@@ -77,8 +75,8 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
         manifest.files
     )
     # The attached learner state rebuilds the learner, learned state and all.
-    state = parse_state(store.read_file(ref, LEARNER_TENSORS), store.read_file(ref, LEARNER_JSON))
-    rebuilt = MetaLearner.from_state(state)
+    rebuilt = load_learner(str(ref), root=cfg.artifacts.root)
+    assert rebuilt.get_state()["optimizer"]["state"]
     for name, tensor in store.load_params(ref)["default_policy"].items():
         assert torch.equal(rebuilt.meta_params["default_policy"][name], tensor)
 

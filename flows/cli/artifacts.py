@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common.add_argument(
         "--root",
         default=None,
-        help=f"store directory (default: ${_ROOT_ENV}, else ./artifacts)",
+        help=f"store directory or file:// URI (default: ${_ROOT_ENV}, else ./artifacts)",
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
 

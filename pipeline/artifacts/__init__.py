@@ -16,8 +16,10 @@ from pipeline.artifacts.errors import (
     ArtifactNotFoundError,
     IntegrityError,
     LockTimeoutError,
+    UnsupportedRootError,
 )
 from pipeline.artifacts.manifest import ArtifactRef, Lineage, Manifest
+from pipeline.artifacts.roots import local_root
 from pipeline.artifacts.store import ArtifactStore
 
 __all__ = [
@@ -32,4 +34,6 @@ __all__ = [
     "Lineage",
     "LockTimeoutError",
     "Manifest",
+    "UnsupportedRootError",
+    "local_root",
 ]

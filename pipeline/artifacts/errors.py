@@ -11,6 +11,10 @@ class ArtifactNameError(ArtifactError, ValueError):
     """A name, alias, file name or reference string that cannot be used."""
 
 
+class UnsupportedRootError(ArtifactError, ValueError):
+    """A store root that names no local directory (another URI scheme, a remote host)."""
+
+
 class ArtifactNotFoundError(ArtifactError, LookupError):
     """The requested artifact, version, alias or file does not exist."""
 

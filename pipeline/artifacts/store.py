@@ -55,6 +55,7 @@ from pipeline.artifacts.names import parse_version, validate_name
 from pipeline.artifacts.plots import check_history, learning_curve_png
 from pipeline.artifacts.reader import Reader
 from pipeline.artifacts.reader import read_manifest as _read_manifest
+from pipeline.artifacts.roots import local_root
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +76,9 @@ ExtraFile = str | os.PathLike[str] | tuple[str, bytes]
 class ArtifactStore(Reader):
     """A versioned artifact registry in a local directory (created on first write).
 
+    ``root`` is a path or a ``file://`` URI (``pipeline.artifacts.roots``); a root with any
+    other scheme, such as ``s3://``, raises UnsupportedRootError.
+
     ``durable=False`` skips fsync (for scratch stores and tests; a power loss may then
     lose recent versions, never corrupt older ones). ``lock_timeout`` bounds every wait
     for another process's lock.
@@ -83,7 +87,7 @@ class ArtifactStore(Reader):
     def __init__(
         self, root: str | os.PathLike[str], *, durable: bool = True, lock_timeout: float = 60.0
     ) -> None:
-        super().__init__(Layout(Path(root).absolute()))
+        super().__init__(Layout(local_root(root)))
         self.durable = durable
         self.lock_timeout = lock_timeout
 
