@@ -85,13 +85,13 @@ def _run(args: argparse.Namespace) -> int:
     cfg = _load(args, "run")
     if cfg is None:
         return 2
-    if not _data_fits(cfg):
-        return 1
     try:
         resume = _resume_dir(args.resume, cfg)
     except RunDirError as error:
         print(f"offmeta run: --resume: {error}", file=sys.stderr)
         return 2
+    if not _data_fits(cfg):
+        return 1
     set_quiet_environment()
     from flows.meta_train import meta_train
 
