@@ -1,6 +1,7 @@
 """Rows must form episodes across the whole dataset: each (eps_id, t) once, steps from 0
-without gaps, end flags on the last step only, one task per episode. Episodes may span files
-and rows may come in any order. Every test runs without Ray (``inspect_episodes``)."""
+without gaps, end flags on the last step only, one task per episode. An episode is one
+module's rows under one eps_id: modules (agents) may share eps_id and t. Episodes may span
+files and rows may come in any order. Every test runs without Ray (``inspect_episodes``)."""
 
 from __future__ import annotations
 
@@ -34,18 +35,23 @@ def _steps(eps_id, t, *, terminated=(), truncated=(), **columns) -> pa.Table:
     return episode_table(len(t), eps_id=ids, t=pa.array(t, pa.int32()), **columns)
 
 
+@pytest.mark.parametrize("modules", [1, 3])
 @pytest.mark.parametrize("id_type", [pa.int64(), pa.string()])
-def test_episodes_may_span_files_in_any_row_order(tmp_path, id_type):
+def test_episodes_may_span_files_in_any_row_order(tmp_path, id_type, modules):
     rng = np.random.default_rng(0)
-    whole = episode_table(60, episode_length=6, tasks=("a", "b", "c"))
-    whole = whole.set_column(0, "eps_id", whole.column("eps_id").cast(id_type))
-    shuffled = whole.take(rng.permutation(60))
-    write(tmp_path / "a.parquet", shuffled.slice(0, 25))
-    write(tmp_path / "b.parquet", shuffled.slice(25))
+    one = episode_table(60, episode_length=6, tasks=("a", "b", "c"))
+    one = one.set_column(0, "eps_id", one.column("eps_id").cast(id_type))
+    whole = pa.concat_tables(
+        one.append_column("module_id", pa.array([f"m{m}"] * 60)) for m in range(modules)
+    )
+    shuffled = whole.take(rng.permutation(whole.num_rows))
+    write(tmp_path / "a.parquet", shuffled.slice(0, 25 * modules))
+    write(tmp_path / "b.parquet", shuffled.slice(25 * modules))
 
     info = inspect_episodes(tmp_path)
 
-    assert (info.num_rows, info.num_episodes, info.task_ids) == (60, 10, ("a", "b", "c"))
+    assert (info.num_rows, info.num_episodes, info.task_ids) == (60 * modules, 10, ("a", "b", "c"))
+    assert info.module_ids == tuple(f"m{m}" for m in range(modules))
 
 
 def test_repeated_transitions_across_files(tmp_path):
@@ -72,11 +78,69 @@ def test_a_recorder_rewriting_episodes_names_the_first_five(tmp_path):
     )
 
 
-def test_repeated_transition_within_one_file(tmp_path):
-    path = write(tmp_path / "p.parquet", _steps(["e0"] * 4, [0, 1, 1, 2], terminated=[3]))
+def _modules(*names: str) -> pa.Array:
+    return pa.array(names).dictionary_encode()
+
+
+@pytest.mark.parametrize("one_module", [False, True])
+def test_repeated_transition_within_one_file(tmp_path, one_module):
+    modules = {"module_id": _modules(*"aaaa")} if one_module else {}
+    table = _steps(["e0"] * 4, [0, 1, 1, 2], terminated=[3], **modules)
+    path = write(tmp_path / "p.parquet", table)
     assert _refused(path).startswith(
         f"source {str(path)!r}: 1 row(s) repeat an (eps_id, t) pair already present, first: "
         f"eps_id 'e0' t 1: 2 rows in {path}; expected"
+    )
+
+
+def test_modules_share_eps_id_and_t(tmp_path):
+    """Multi-agent rows: one per (module_id, eps_id, t); an agent may end before another and
+    follow its own task."""
+    write(
+        tmp_path / "a.parquet",
+        _steps(
+            [4, 4, 4, 4, 9],
+            [0, 0, 1, 1, 0],
+            terminated=[2],
+            module_id=_modules(*"ababb"),
+            task_id=_modules(*"xyxyx"),
+        ),
+    )
+    write(
+        tmp_path / "b.parquet",
+        _steps(
+            [4, 4, 9, 9],
+            [3, 2, 1, 0],
+            truncated=[0],
+            module_id=_modules(*"bbba"),
+            task_id=_modules(*"yyxz"),
+        ),
+    )
+
+    info = inspect_episodes(tmp_path)
+
+    assert (info.num_rows, info.num_episodes, info.module_ids) == (9, 2, ("a", "b"))
+
+
+def test_a_repeat_within_one_module_names_it(tmp_path):
+    path = write(
+        tmp_path / "p.parquet", _steps([4] * 5, [0, 0, 1, 1, 1], module_id=_modules(*"ababa"))
+    )
+    assert _refused(path) == (
+        f"source {str(path)!r}: 1 row(s) repeat a (module_id, eps_id, t) triple already "
+        f"present, first: module_id 'a' eps_id 4 t 1: 2 rows in {path}; expected each "
+        "(module_id, eps_id, t) once. Fix: drop the repeated rows (a recorder that rewrites "
+        "earlier episodes into later files writes them)"
+    )
+
+
+def test_a_gap_in_one_module_names_it(tmp_path):
+    a = write(tmp_path / "a.parquet", _steps(["e"] * 3, [0, 0, 0], module_id=_modules(*"abc")))
+    b = write(tmp_path / "b.parquet", _steps(["e"] * 3, [2, 2, 1], module_id=_modules(*"abc")))
+    assert _refused(tmp_path) == (
+        f"{b}: module_id 'a' eps_id 'e' jumps from t 0 to t 2 (t 0 is in {a}) (first of 2 "
+        "episodes with missing steps); expected consecutive steps within an episode. Fix: write "
+        f"the missing steps, {_PARTIAL_FIX}"
     )
 
 

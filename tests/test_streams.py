@@ -32,15 +32,17 @@ DROPPED = ROWS - PER_EPOCH * MINIBATCH
 
 @pytest.fixture(scope="module")
 def episodes(tmp_path_factory, ray_session):
+    """Two agents, ``m0`` and ``m1``, each with a row for every step of every episode."""
     directory = tmp_path_factory.mktemp("rows")
     for part, (start, stop) in enumerate([(0, 400), (400, ROWS)]):
         ids = np.arange(start, stop)
         table = episode_table(
             stop - start,
             action_dim=None,
-            episode_length=10,
             tasks=("only",),
             eps_id=pa.array(ids // 10, pa.int64()),
+            t=pa.array(ids % 10 // 2, pa.int32()),
+            terminateds=pa.array(ids % 10 >= 8),
             rewards=pa.array(ids.astype(np.float32)),
             module_id=pa.array(np.where(ids % 2 == 0, "m0", "m1")).dictionary_encode(),
         )
