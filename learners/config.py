@@ -196,6 +196,16 @@ class MetaConfig(BaseModel):
     )
     dtype: Literal["float32", "float64"] = Field("float32", description="Parameter dtype.")
     seed: int = Field(0, ge=0, description="Seed of the model initialisation.")
+    compile: Literal["off", "default", "reduce-overhead"] = Field(
+        "off",
+        description=(
+            "Run the whole meta-step (inner updates, query losses, meta-gradient, clipping, "
+            "outer update) as one torch.compile'd function in this mode (reduce-overhead: "
+            "CUDA graphs on a GPU); off: eager, the reference. The first step of each "
+            "meta-batch shape compiles (seconds to a minute, logged); a configuration that "
+            "cannot compile logs why and runs eager. Not part of what a saved state must match."
+        ),
+    )
 
     @field_validator("modules")
     @classmethod

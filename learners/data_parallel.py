@@ -49,7 +49,7 @@ def unpack_gradients(buffer: Tensor, like: MetaGradients) -> MetaGradients:
         for module_id, named in like.params.items()
     }
     log_lrs = {key: next(pieces).view_as(g) for key, g in like.log_lrs.items()}
-    return MetaGradients(params, log_lrs)
+    return MetaGradients(params, log_lrs, like.inner)
 
 
 def average_gradients(

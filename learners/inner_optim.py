@@ -31,7 +31,10 @@ LearningRate = float | Mapping[str, Tensor]
 
 def inside_vmap() -> bool:
     """Whether the caller runs inside `torch.func.vmap` (where a tensor cannot steer Python
-    control flow, so a check that must raise has to wait until after the vmapped call)."""
+    control flow, so a check that must raise has to wait until after the vmapped call), or
+    is being compiled by `torch.compile`, where the same holds."""
+    if torch.compiler.is_compiling():
+        return True
     # torch.func has no public query for this; the functorch interpreter stack knows.
     stack = torch._C._functorch.get_interpreter_stack() or ()
     return any(level.key() == torch._C._functorch.TransformType.Vmap for level in stack)

@@ -5,6 +5,12 @@ rule (`DifferentiableLearner.update`), take the loss of the adapted parameters o
 set, average over tasks, back-propagate into the meta-parameters (and learned learning
 rates) and step the outer torch optimizer. Tasks run under `torch.func.vmap` by default; the
 per-task loop computes the same gradient and serves as fallback and reference.
+
+`step` never waits for the device: a non-finite value met under an `error` policy halts
+the learner (nothing changes from that step on) and `check_finite` raises it at the next
+check point (`run_meta_training` checks at every log and checkpoint; `get_state` too).
+With `config.compile` the whole step runs as one compiled function
+(`learners.compiled_step`); eager is the reference.
 """
 
 from __future__ import annotations
@@ -16,17 +22,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from learners.compiled_step import CompiledMetaStep, MetaStepParts
 from learners.config import MetaConfig
-from learners.differentiable import (
-    DifferentiableLearner,
-    NonFiniteGradientError,
-    raise_on_nonfinite,
-)
+from learners.differentiable import DifferentiableLearner
 from learners.inner_optim import init_log_lrs, lrs_from_log
 from learners.losses import resolve_loss
 from learners.meta_batch import MetaBatch, check_meta_batch, task_slice
 from learners.metrics import MetricsLogger
 from learners.models import build_models
+from learners.outer_step import InnerCheck, OuterRule, OuterStep
 from learners.params import (
     Batch,
     Params,
@@ -53,6 +57,8 @@ class MetaGradients(NamedTuple):
 
     params: Params
     log_lrs: dict[str, Tensor]
+    inner: InnerCheck | None = None
+    """What the inner updates met under inner.nonfinite='error' (vmap; None otherwise)."""
 
     def tensors(self) -> list[Tensor]:
         """Every gradient in the learner's canonical order (e.g. for an all-reduce)."""
@@ -108,10 +114,16 @@ class MetaLearner:
         self._leaves += list(self._log_lrs.values())
         self._optimizer = _outer_optimizer(cfg, self._leaves)
         self.metrics = metrics if metrics is not None else MetricsLogger()
-        self.weights_seq_no = 0
         self._vmapped_task = torch.func.vmap(
             self._task_objective, in_dims=(None, None, 0, 0), randomness="different"
         )
+        self._outer = OuterStep(
+            OuterRule.of(cfg.outer, self._optimizer, self._leaves),
+            self._optimizer,
+            self._leaves,
+            self._trained,
+        )
+        self._compiled = self._compiled_step() if cfg.compile != "off" else None
 
     @property
     def meta_params(self) -> Params:
@@ -123,14 +135,29 @@ class MetaLearner:
         """The live learned log learning rates (empty unless Meta-SGD)."""
         return self._log_lrs
 
-    def step(self, meta_batch: MetaBatch) -> dict[str, Tensor | int]:
-        """One meta-step: `compute_meta_gradients` then `apply_meta_gradients`, logged.
+    @property
+    def weights_seq_no(self) -> int:
+        """Outer updates applied so far (one device sync)."""
+        return self._outer.weights_seq_no
 
-        Returns 0-d detached tensors (call `float()` when needed; no device sync here) and
-        `weights_seq_no`.
+    @property
+    def compiled_step(self) -> CompiledMetaStep | None:
+        """The compiled meta-step (its `compilations`, `compile_seconds` and `fallback`), or
+        None when `config.compile` is 'off'."""
+        return self._compiled
+
+    def step(self, meta_batch: MetaBatch) -> dict[str, Tensor | int]:
+        """One meta-step: `compute_meta_gradients` then `apply_meta_gradients` (or both as
+        one compiled function), logged.
+
+        Returns 0-d detached tensors (call `float()` when needed) and `num_tasks`; nothing
+        here waits for the device, so a non-finite value met under an `error` policy is
+        raised by the next `check_finite`.
         """
-        grads, metrics = self.compute_meta_gradients(meta_batch)
-        metrics.update(self.apply_meta_gradients(grads))
+        metrics = self._compiled.step(meta_batch) if self._compiled is not None else None
+        if metrics is None:
+            grads, metrics = self.compute_meta_gradients(meta_batch)
+            metrics.update(self.apply_meta_gradients(grads))
         for key, value in metrics.items():
             if key in _COUNTED:
                 self.metrics.log(key, value, reduce="sum")
@@ -146,14 +173,11 @@ class MetaLearner:
         Workers of a data-parallel run each call this on their shard, average the gradients
         (`MetaGradients.tensors()`), and call `apply_meta_gradients`.
         """
-        support, query, num_tasks = check_meta_batch(meta_batch, self._trained)
+        support, query, num_tasks = self._prepare(meta_batch)
         for leaf in self._leaves:
             leaf.grad = None
         if self.config.vectorize == "vmap":
             totals, aux = self._vmapped_task(self._params, self._log_lrs, support, query)
-            if self.config.inner.nonfinite == "error":
-                flagged = {m: {"nonfinite": a["nonfinite"] > 0} for m, a in aux.items()}
-                raise_on_nonfinite(flagged, f"met in {{count}} of {num_tasks} tasks")
             totals.mean().backward()
         else:
             per_task = []
@@ -170,17 +194,21 @@ class MetaLearner:
                 m: {key: torch.stack([a[m][key] for a in per_task]) for key in named}
                 for m, named in per_task[0].items()
             }
+        metrics, inner = self._outcome(aux, num_tasks)
         grads = MetaGradients(
             {m: {n: _grad_of(p) for n, p in self._params[m].items()} for m in self._trained},
             {k: _grad_of(v) for k, v in self._log_lrs.items()},
+            inner,
         )
-        return grads, self._task_metrics(aux, num_tasks)
+        return grads, metrics
 
     def apply_meta_gradients(self, grads: MetaGradients) -> dict[str, Tensor | int]:
         """Clip and apply meta-gradients with the outer optimizer; `weights_seq_no += 1`.
 
-        A non-finite meta-gradient raises (outer.nonfinite='error') or leaves everything
-        unchanged (outer.nonfinite='skip', reported as outer_skipped=1).
+        A non-finite meta-gradient, or an inner one in `grads.inner`, under an `error`
+        policy halts the learner (see `check_finite`); under outer.nonfinite='skip' a
+        non-finite meta-gradient leaves everything unchanged (reported as outer_skipped=1).
+        Nothing waits for the device.
         """
         flat = grads.tensors()
         if len(flat) != len(self._leaves):
@@ -188,29 +216,19 @@ class MetaLearner:
         for leaf, grad in zip(self._leaves, flat, strict=True):
             if grad.shape != leaf.shape:
                 raise ValueError(f"gradient shape {tuple(grad.shape)} != {tuple(leaf.shape)}")
-            leaf.grad = grad
-        outer = self.config.outer
-        if outer.clip_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self._leaves, outer.clip_norm)
-        else:
-            norm = torch.nn.utils.get_total_norm(flat)
-        skipped = not bool(torch.isfinite(norm))
-        if skipped and outer.nonfinite == "error":
-            raise NonFiniteGradientError(
-                f"non-finite meta-gradient (norm {float(norm)}) at weights_seq_no "
-                f"{self.weights_seq_no}; set outer.clip_norm, lower the learning rates, "
-                "or choose outer.nonfinite='skip'"
-            )
-        if not skipped:
-            self._optimizer.step()
-            self.weights_seq_no += 1
-        metrics: dict[str, Tensor | int] = {
-            "grad_norm": norm.detach(),
-            "outer_skipped": int(skipped),
-        }
+        metrics: dict[str, Tensor | int] = dict(self._outer.apply(flat, grads.inner))
         metrics.update(self._lr_stats())
-        metrics["weights_seq_no"] = self.weights_seq_no
         return metrics
+
+    def check_finite(self) -> None:
+        """Raise `NonFiniteGradientError` if a step met a non-finite inner gradient or
+        meta-gradient under an `error` policy (one device sync).
+
+        The step that met it and every later one changed nothing (parameters, optimizer
+        state, `weights_seq_no`); the error names that step's `weights_seq_no` and is raised
+        again by every check until `set_state` loads a state.
+        """
+        self._outer.check_finite()
 
     def adapt(self, params: Params | None, support: Batch, steps: int | None = None) -> Params:
         """Parameters adapted to one task's `support` batch (no task dimension) with exactly
@@ -258,7 +276,9 @@ class MetaLearner:
         return dict(zip(wanted, curves.mean(0).tolist(), strict=True))
 
     def get_state(self) -> dict[str, Any]:
-        """Everything needed to rebuild this learner and continue exactly (`from_state`)."""
+        """Everything needed to rebuild this learner and continue exactly (`from_state`);
+        `check_finite` first, so a halted learner is never saved."""
+        self.check_finite()
         rng: dict[str, Tensor] = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -285,9 +305,11 @@ class MetaLearner:
             raise ValueError(
                 f"learner state format {state.get('format')!r}, expected {STATE_FORMAT}"
             )
-        mine = self.config.model_dump(mode="json")
-        if state["config"] != mine:
-            differing = sorted(k for k in mine if mine.get(k) != state["config"].get(k))
+        # How the step runs (compiled or eager) does not change what it computes.
+        mine = self.config.model_dump(mode="json", exclude={"compile"})
+        theirs = {k: v for k, v in state["config"].items() if k != "compile"}
+        if theirs != mine:
+            differing = sorted(k for k in mine if mine.get(k) != theirs.get(k))
             raise ValueError(
                 f"the state was saved with a different config (differs in {differing})"
             )
@@ -304,7 +326,7 @@ class MetaLearner:
         torch.set_rng_state(state["rng"]["torch"])
         if "cuda" in state["rng"] and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
-        self.weights_seq_no = int(state["weights_seq_no"])
+        self._outer.reset(int(state["weights_seq_no"]))
         self.metrics.set_state(state["metrics"])
 
     @classmethod
@@ -320,6 +342,49 @@ class MetaLearner:
         learner = cls(state["config"], models=models, device=device, metrics=metrics)
         learner.set_state(state)
         return learner
+
+    def _prepare(self, meta_batch: MetaBatch) -> tuple[Batch, Batch, int]:
+        """(support, query, number of tasks) of a meta-batch checked at the boundary."""
+        return check_meta_batch(meta_batch, self._trained)
+
+    def _outcome(
+        self, aux: dict[str, dict[str, Tensor]], num_tasks: int
+    ) -> tuple[dict[str, Tensor | int], InnerCheck | None]:
+        """Step metrics from the per-task aux values, and, under inner.nonfinite='error' with
+        vmap, what the inner updates met (the per-task loop raises at once instead)."""
+        metrics = self._task_metrics(aux, num_tasks)
+        if self.config.inner.nonfinite != "error" or self.config.vectorize != "vmap":
+            return metrics, None
+        counts = {m: (a["nonfinite"] > 0).sum() for m, a in aux.items()}
+        zero = torch.zeros((), dtype=torch.int64, device=self.device)
+        tasks = torch.stack([counts.get(m, zero) for m in self._trained])
+        return metrics, InnerCheck(tasks, num_tasks)
+
+    def _compiled_step(self) -> CompiledMetaStep:
+        parts = MetaStepParts(
+            prepare=self._prepare,
+            objective=self._vmapped_task,
+            outcome=self._outcome,
+            params=self._params,
+            trained=self._trained,
+            log_lr_keys=list(self._log_lrs),
+            outer=self._outer,
+            lr_stats=self._lr_stats,
+        )
+        unsupported = None
+        if self.config.vectorize != "vmap":
+            unsupported = "the per-task loop (vectorize='loop') runs eager; compile vmaps"
+        custom = [
+            name
+            for name in ("compute_meta_gradients", "apply_meta_gradients")
+            if getattr(type(self), name) is not getattr(MetaLearner, name)
+        ]
+        if custom:
+            unsupported = (
+                f"{type(self).__name__} overrides {' and '.join(custom)}, which the compiled "
+                "step (one function from meta-batch to update) would bypass"
+            )
+        return CompiledMetaStep(self.config.compile, parts, unsupported=unsupported)
 
     def _current_lrs(self) -> Params | None:
         if not self._log_lrs:

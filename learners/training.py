@@ -72,13 +72,18 @@ def run_meta_training(
         learner.step(meta_batch)
         iteration += 1
         last = iteration == stop
-        if iteration % log_every == 0 or last:
+        checkpoint = on_checkpoint is not None and (iteration % checkpoint_every == 0 or last)
+        logging = iteration % log_every == 0 or last
+        if checkpoint or logging:
+            # The steps never wait for the device; their non-finite verdicts are read here.
+            learner.check_finite()
+        if logging:
             reduced = learner.metrics.reduce()
             for name in HISTORY_METRICS:
                 if name in reduced:
                     history.setdefault(name, []).append(float(reduced[name]))
             if on_log is not None:
                 on_log(iteration, reduced)
-        if on_checkpoint is not None and (iteration % checkpoint_every == 0 or last):
+        if checkpoint:
             on_checkpoint(iteration, history)
     return history

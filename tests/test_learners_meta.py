@@ -285,34 +285,79 @@ def _nan_in(meta_batch, part):
     return meta_batch
 
 
-@pytest.mark.parametrize("vectorize", ["vmap", "loop"])
-def test_inner_nonfinite_error_is_raised_before_anything_changes(vectorize):
-    learner = MetaLearner(_config(vectorize=vectorize))
-    before = {n: p.clone() for n, p in learner.meta_params["m"].items()}
+def _snapshot(learner):
+    state = learner.get_state()
+    return state["params"], state["optimizer"]["state"]
+
+
+def _assert_unchanged(learner, snapshot):
+    params, optimizer = snapshot
+    assert all(torch.equal(learner.meta_params["m"][n], p) for n, p in params["m"].items())
+    live = learner._optimizer.state_dict()["state"]
+    assert live.keys() == optimizer.keys()
+    for index, slots in optimizer.items():
+        assert all(torch.equal(live[index][name], t) for name, t in slots.items())
+
+
+def test_inner_nonfinite_error_halts_the_learner_and_is_raised_at_the_next_check():
+    learner = MetaLearner(_config())
+    learner.step(_meta_batch(seed=1))
+    good = learner.get_state()
+    snapshot = _snapshot(learner)
+    learner.step(_nan_in(_meta_batch(), "support"))  # never waits for the device
+    learner.step(_meta_batch(seed=2))  # a halted learner changes nothing
+    message = (
+        "non-finite inner gradient for module 'm': met in 1 of 4 tasks at weights_seq_no 1; "
+        "lower inner.lr, set inner.clip_norm, or choose inner.nonfinite 'skip' or 'zero'"
+    )
+    for check in (learner.check_finite, learner.check_finite, learner.get_state):
+        with pytest.raises(NonFiniteGradientError) as error:
+            check()
+        assert str(error.value) == message
+    assert learner.weights_seq_no == 1
+    _assert_unchanged(learner, snapshot)
+    learner.set_state(good)  # a loaded state clears the failure
+    learner.check_finite()
+    learner.step(_meta_batch(seed=2))
+    assert learner.weights_seq_no == 2
+
+
+def test_the_per_task_loop_raises_an_inner_nonfinite_error_at_once():
+    learner = MetaLearner(_config(vectorize="loop"))
+    snapshot = _snapshot(learner)
     with pytest.raises(NonFiniteGradientError) as error:
         learner.step(_nan_in(_meta_batch(), "support"))
-    where = {"vmap": "met in 1 of 4 tasks", "loop": "the updated parameters are non-finite"}
-    message = f"non-finite inner gradient for module 'm': {where[vectorize]};"
-    assert str(error.value).startswith(message)
+    assert str(error.value).startswith(
+        "non-finite inner gradient for module 'm': the updated parameters are non-finite;"
+    )
     assert learner.weights_seq_no == 0
-    assert all(torch.equal(learner.meta_params["m"][n], p) for n, p in before.items())
+    _assert_unchanged(learner, snapshot)
 
 
 def test_outer_nonfinite_policies():
     meta_batch = _nan_in(_meta_batch(), "query")
     raising = MetaLearner(_config())
+    raising.step(_meta_batch(seed=1))
+    snapshot = _snapshot(raising)
+    raising.step(meta_batch)
     with pytest.raises(NonFiniteGradientError) as error:
-        raising.step(meta_batch)
+        raising.check_finite()
     assert str(error.value) == (
-        "non-finite meta-gradient (norm nan) at weights_seq_no 0; set outer.clip_norm, lower "
+        "non-finite meta-gradient (norm nan) at weights_seq_no 1; set outer.clip_norm, lower "
         "the learning rates, or choose outer.nonfinite='skip'"
     )
+    assert raising.weights_seq_no == 1
+    _assert_unchanged(raising, snapshot)
     skipping = MetaLearner(_config(outer={"nonfinite": "skip"}))
-    before = {n: p.clone() for n, p in skipping.meta_params["m"].items()}
+    skipping.step(_meta_batch(seed=1))
+    snapshot = _snapshot(skipping)
     metrics = skipping.step(meta_batch)
-    assert metrics["outer_skipped"] == 1 and metrics["weights_seq_no"] == 0
-    assert all(torch.equal(skipping.meta_params["m"][n], p) for n, p in before.items())
-    assert not skipping._optimizer.state
+    assert metrics["outer_skipped"] == 1 and metrics["weights_seq_no"] == 1
+    skipping.check_finite()  # skipping is no failure
+    _assert_unchanged(skipping, snapshot)
+    metrics = skipping.step(_meta_batch())
+    assert metrics["outer_skipped"] == 0 and skipping.weights_seq_no == 2
+    assert skipping.metrics.reduce()["outer_skipped"] == 1
 
 
 def test_meta_batches_are_checked_at_the_boundary():

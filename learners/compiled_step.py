@@ -1,0 +1,164 @@
+"""The whole meta-step as one compiled function (`MetaConfig.compile`).
+
+`build_meta_step(parts)` makes the pure function
+`meta_step(state, support, query) -> (state, metrics)` from the learner's own pieces: its
+vmapped task objective (inner updates, query losses), the meta-gradient by
+`torch.func.grad` (a `.backward()` would split the function in two), its step metrics, and
+the pure outer update of `learners.outer_step` (clipping, non-finite policies, Adam or SGD).
+`CompiledMetaStep` compiles that function once with `torch.compile(fullgraph=True,
+dynamic=False)`, feeds it the live state, and writes the new state back in place.
+
+Meta-batches of the same shapes reuse the compiled code; each compilation is counted and
+its time logged. A configuration that cannot compile, or a compilation that fails, logs a
+warning with the reason and the learner runs eager from then on (`fallback`); the failed
+call changed nothing, so that step runs eager too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from learners.meta_batch import MetaBatch
+from learners.outer_step import InnerCheck, OuterState, OuterStep, outer_update
+from learners.params import Batch, Params
+
+_log = logging.getLogger(__name__)
+
+Aux = dict[str, dict[str, Tensor]]
+StepMetrics = dict[str, Tensor | int]
+MetaStep = Callable[[OuterState, Batch, Batch], tuple[OuterState, StepMetrics]]
+
+
+class MetaStepParts(NamedTuple):
+    """What a meta-step is built from: the meta-learner's own pieces."""
+
+    prepare: Callable[[MetaBatch], tuple[Batch, Batch, int]]
+    """Checks a meta-batch at the boundary: (support, query, number of tasks)."""
+    objective: Callable[[Params, dict[str, Tensor], Batch, Batch], tuple[Tensor, Aux]]
+    """Vmapped over tasks: per-task meta-objective [tasks] and per-module aux values."""
+    outcome: Callable[[Aux, int], tuple[StepMetrics, InnerCheck | None]]
+    """Step metrics from the aux values, and what the inner updates met."""
+    params: Params
+    """The live meta-parameters of every module (the frozen ones enter as they are)."""
+    trained: list[str]
+    """Trained modules: their parameters, in order, are the first leaves."""
+    log_lr_keys: list[str]
+    """Learned log learning rates: the remaining leaves, in order."""
+    outer: OuterStep
+    lr_stats: Callable[[], dict[str, Tensor]]
+    """Statistics of the learned learning rates after the update (empty without them)."""
+
+
+def build_meta_step(parts: MetaStepParts) -> MetaStep:
+    """The pure meta-step: the next outer state and the step metrics from the current state
+    and one (checked) meta-batch, reading nothing back from the device."""
+    names = [(m, n) for m in parts.trained for n in parts.params[m]]
+    frozen = {m: named for m, named in parts.params.items() if m not in parts.trained}
+    rule = parts.outer.rule
+
+    def meta_loss(
+        trained: Params, log_lrs: dict[str, Tensor], support: Batch, query: Batch
+    ) -> tuple[Tensor, Aux]:
+        totals, aux = parts.objective({**frozen, **trained}, log_lrs, support, query)
+        return totals.mean(), aux
+
+    meta_gradient = torch.func.grad(meta_loss, argnums=(0, 1), has_aux=True)
+
+    def meta_step(state: OuterState, support: Batch, query: Batch) -> tuple[OuterState, Any]:
+        trained: Params = {}
+        for (module_id, name), leaf in zip(names, state.leaves, strict=False):
+            trained.setdefault(module_id, {})[name] = leaf
+        log_lrs = dict(zip(parts.log_lr_keys, state.leaves[len(names) :], strict=True))
+        (grads, log_lr_grads), aux = meta_gradient(trained, log_lrs, support, query)
+        flat = [grads[m][n] for m, n in names] + [log_lr_grads[k] for k in parts.log_lr_keys]
+        metrics, inner = parts.outcome(aux, _num_tasks(support))
+        new, outer_metrics = outer_update(rule, state, flat, inner)
+        return new, {**metrics, **outer_metrics}
+
+    return meta_step
+
+
+class CompiledMetaStep:
+    """`build_meta_step` compiled with `torch.compile(mode=mode)`, run on the live state.
+
+    `unsupported` is a reason known before compiling that this learner cannot use it.
+    """
+
+    def __init__(self, mode: str, parts: MetaStepParts, *, unsupported: str | None = None):
+        self.mode = mode
+        self.compilations = 0
+        """Graphs compiled so far (one per distinct meta-batch shape)."""
+        self.compile_seconds = 0.0
+        """Wall time of the calls that compiled, first run included."""
+        self.fallback: str | None = None
+        """Why the learner runs eager, once it does."""
+        self._parts = parts
+        self._compiled = torch.compile(
+            build_meta_step(parts), mode=mode, fullgraph=True, dynamic=False
+        )
+        if unsupported is not None:
+            self._fall_back(unsupported)
+
+    def step(self, meta_batch: MetaBatch) -> StepMetrics | None:
+        """One compiled meta-step; its metrics, or None when the learner runs eager (then
+        this call changed nothing)."""
+        if self.fallback is not None:
+            return None
+        support, query, num_tasks = self._parts.prepare(meta_batch)
+        outer = self._parts.outer
+        live = outer.state()
+        # CUDA graphs replay into the same output buffers: the outputs are copied out below,
+        # before the next replay.
+        cuda_graphs = self.mode == "reduce-overhead" and live.seq_no.device.type == "cuda"
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        graphs = _graphs_compiled()
+        started = time.perf_counter()
+        try:
+            new, metrics = self._compiled(live, support, query)
+        except torch._dynamo.exc.TorchDynamoException as error:
+            self._fall_back(f"compiling the meta-step failed: {_first_line(error)}")
+            return None
+        compiled = _graphs_compiled() - graphs
+        if compiled:
+            seconds = time.perf_counter() - started
+            self.compilations += compiled
+            self.compile_seconds += seconds
+            _log.info(
+                "compiled the meta-step (mode %r, %d tasks) in %.1f s; %d compilation(s) so far",
+                self.mode,
+                num_tasks,
+                seconds,
+                self.compilations,
+            )
+        outer.write(live, new)
+        if cuda_graphs:
+            metrics = {k: v.clone() if isinstance(v, Tensor) else v for k, v in metrics.items()}
+        metrics.update(self._parts.lr_stats())
+        return metrics
+
+    def _fall_back(self, reason: str) -> None:
+        self.fallback = reason
+        _log.warning("MetaConfig.compile=%r: %s; the meta-step runs eager", self.mode, reason)
+
+
+def _num_tasks(batch: Batch) -> int:
+    columns: Mapping[str, Tensor] = next(iter(batch.values()))
+    return next(iter(columns.values())).shape[0]
+
+
+def _graphs_compiled() -> int:
+    # Dynamo counts every graph it hands to a backend; torch has no public per-function
+    # count, and this one costs a dict lookup.
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
