@@ -134,6 +134,14 @@ class TrainingConfig(BaseModel):
         "meta-learning on a few cores (measured on 2 busy cores: 4.9 ms per MAML step with 1 "
         "thread, 60 ms with 2); null keeps torch's default.",
     )
+    prefetch: int = Field(
+        2,
+        ge=0,
+        description="Meta-batches taken from the stream ahead of the learner by a thread "
+        "(the stream's bookkeeping and finalize, the copy to the device, then overlap the "
+        "step), never past the next checkpoint, so resuming stays exact; 0: the learner's "
+        "thread takes them.",
+    )
 
     @field_validator("device")
     @classmethod

@@ -101,6 +101,7 @@ def train(
             history=history,
             on_log=progress,
             on_checkpoint=save,
+            prefetch=training.prefetch,
         )
     final = latest_checkpoint(checkpoints)
     assert final is not None  # the loop checkpoints after its last iteration

@@ -9,11 +9,12 @@ passes in and gets back, so a run resumed from a checkpoint continues exactly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from learners.meta import MetaLearner
 from learners.meta_batch import MetaBatch
+from learners.prefetch import Prefetcher
 
 History = dict[str, list[float]]
 """Metric name -> value at each logged iteration (``log_every`` apart, plus the last one)."""
@@ -46,44 +47,66 @@ def run_meta_training(
     history: History | None = None,
     on_log: OnLog | None = None,
     on_checkpoint: OnCheckpoint | None = None,
+    prefetch: int = 0,
 ) -> History:
     """Meta-steps ``start + 1 .. stop`` on the meta-batches, in order; returns the history.
 
     ``meta_batches`` must hold at least ``stop - start`` meta-batches; only that many are
     read. ``history`` is the one saved with the checkpoint taken at ``start`` (None when
-    starting fresh); it is extended, not copied.
+    starting fresh); it is extended, not copied. ``prefetch`` > 0 reads up to that many
+    meta-batches ahead in a thread (``learners.prefetch``), never past the next checkpoint:
+    when ``on_checkpoint`` runs, exactly the meta-batches stepped have been read.
     """
     for name, value in (("log_every", log_every), ("checkpoint_every", checkpoint_every)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if not 0 <= start <= stop:
         raise ValueError(f"expected 0 <= start <= stop, got start={start}, stop={stop}")
+    if prefetch < 0:
+        raise ValueError(f"prefetch must be >= 0, got {prefetch}")
     history = {} if history is None else history
+
+    def readable(iteration: int) -> int:
+        """Meta-batches that may be read once ``iteration`` is done: up to the next
+        checkpoint, so that a checkpoint never follows a meta-batch read but not stepped."""
+        if on_checkpoint is None:
+            return stop - start
+        return min(stop, (iteration // checkpoint_every + 1) * checkpoint_every) - start
+
+    batches: Iterator[MetaBatch] = iter(meta_batches)
+    prefetcher = None
+    if prefetch:
+        batches = prefetcher = Prefetcher(batches, depth=prefetch, limit=readable(start))
     iteration = start
-    batches = iter(meta_batches)
-    while iteration < stop:
-        try:
-            meta_batch = next(batches)
-        except StopIteration:
-            raise ValueError(
-                f"meta_batches ran out after {iteration - start} meta-batches; "
-                f"expected {stop - start} (iterations {start + 1}..{stop})"
-            ) from None
-        learner.step(meta_batch)
-        iteration += 1
-        last = iteration == stop
-        checkpoint = on_checkpoint is not None and (iteration % checkpoint_every == 0 or last)
-        logging = iteration % log_every == 0 or last
-        if checkpoint or logging:
-            # The steps never wait for the device; their non-finite verdicts are read here.
-            learner.check_finite()
-        if logging:
-            reduced = learner.metrics.reduce()
-            for name in HISTORY_METRICS:
-                if name in reduced:
-                    history.setdefault(name, []).append(float(reduced[name]))
-            if on_log is not None:
-                on_log(iteration, reduced)
-        if checkpoint:
-            on_checkpoint(iteration, history)
+    try:
+        while iteration < stop:
+            try:
+                meta_batch = next(batches)
+            except StopIteration:
+                raise ValueError(
+                    f"meta_batches ran out after {iteration - start} meta-batches; "
+                    f"expected {stop - start} (iterations {start + 1}..{stop})"
+                ) from None
+            learner.step(meta_batch)
+            iteration += 1
+            last = iteration == stop
+            checkpoint = on_checkpoint is not None and (iteration % checkpoint_every == 0 or last)
+            logging = iteration % log_every == 0 or last
+            if checkpoint or logging:
+                # The steps never wait for the device; their non-finite verdicts are read here.
+                learner.check_finite()
+            if logging:
+                reduced = learner.metrics.reduce()
+                for name in HISTORY_METRICS:
+                    if name in reduced:
+                        history.setdefault(name, []).append(float(reduced[name]))
+                if on_log is not None:
+                    on_log(iteration, reduced)
+            if checkpoint:
+                on_checkpoint(iteration, history)
+                if prefetcher is not None:
+                    prefetcher.allow(readable(iteration))
+    finally:
+        if prefetcher is not None:
+            prefetcher.close()
     return history
