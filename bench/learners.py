@@ -7,10 +7,16 @@
    steps for second order, flat for first order (slopes printed).
 4. `--full`: the MAML paper's sinusoid run (70k meta-iterations) on the shipped sample, a
    held-out steps 0/1/10 table; target: MSE after 1 step <= 0.40. Minutes; on demand only.
+5. `MetaLearner.step`, eager and compiled (`MetaConfig.compile`), against the hand-written
+   `torch.func` step eager and compiled (`bench/hand_written.py`), for three shapes: 25 tasks
+   x K=10 on 1-40-40-1 (the sinusoid; targets <= 1.10x both), 1 task x K=5, and 64 tasks x
+   K=256 on 20-256-256-6. Compiling takes 15-70 s per function on the 2-core machine:
+   `--quick` measures the sinusoid shape only. `--device cuda` runs 5 on a GPU (compile mode
+   reduce-overhead; target: compiled step <= 1.5 ms for the sinusoid and the large shape).
 
-Run: `.venv/bin/python bench/learners.py [--full]`. Timings are the best of many calls,
-interleaved with the baseline's, after warm-up. Each figure is written as a record
-(`bench/records.py`).
+Run: `.venv/bin/python bench/learners.py [--quick] [--full] [--device cuda]`. Timings are the
+best of many calls, interleaved with the baseline's, after warm-up (on a GPU each call waits
+for the device). Each figure is written as a record (`bench/records.py`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,15 @@ from torch.func import functional_call, grad
 # the `learners` package; the repository root must come first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.hand_written import (
+    SHAPES,
+    Shape,
+    autograd_step,
+    initial_state,
+    meta_batch,
+    model_of,
+    torch_func_step,
+)
 from bench.records import Baseline, write_record
 from learners import (
     MLP,
@@ -43,18 +58,28 @@ from learners.graph_memory import saved_tensor_bytes
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "sinusoid"
 
 
-def _best_times(fns: dict[str, Callable[[], object]], calls: int) -> dict[str, float]:
+def _best_times(
+    fns: dict[str, Callable[[], object]],
+    calls: int,
+    *,
+    warmup: int = 5,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, float]:
     """Best (minimum) seconds per call over `calls` calls of each function, interleaved call
     by call after warm-up: on a shared machine the minimum is the least disturbed call, and
-    interleaving exposes baseline and candidate to the same conditions."""
+    interleaving exposes baseline and candidate to the same conditions. `sync` waits for the
+    device after each call (a GPU runs asynchronously)."""
+    wait = sync or (lambda: None)
     for fn in fns.values():
-        for _ in range(5):
+        for _ in range(warmup):
             fn()
+        wait()
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(calls):
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
+            wait()
             best[name] = min(best[name], time.perf_counter() - start)
     return best
 
@@ -243,16 +268,159 @@ def bench_sinusoid_full(iterations: int = 70_000) -> None:
     )
 
 
+# Calls timed and warm-up calls per shape: a large-shape step takes most of a second on CPU.
+_CALLS = {"sinusoid": (100, 5), "one-task": (200, 5), "large": (5, 1)}
+_COMPILED_TARGET_S = 1.5e-3  # on a GPU, sinusoid and large shapes
+
+
+def _hand_runner(step: Callable, state: list, batch: dict, cuda_graphs: bool) -> Callable[[], None]:
+    """One call of a hand-written pure step, keeping its state in `state[0]`."""
+
+    def run() -> None:
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        new = step(state[0], batch)
+        # CUDA graphs reuse their output buffers on the next replay: keep copies.
+        state[0] = tuple(_cloned(part) for part in new) if cuda_graphs else new
+
+    return run
+
+
+def _cloned(part: dict | torch.Tensor) -> dict | torch.Tensor:
+    if isinstance(part, dict):
+        return {k: v.clone() for k, v in part.items()}
+    return part.clone()
+
+
+def _meta_step_case(shape: Shape, device: torch.device, mode: str) -> None:
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    wait = sync or (lambda: None)
+    batch = meta_batch(shape, device)
+    eager = MetaLearner(shape.config(), device=device)
+    compiled = MetaLearner({**shape.config(), "compile": mode}, device=device)
+    model = model_of(shape, device)
+    hand = torch_func_step(model)
+    hand_compiled = torch.compile(hand, mode=mode, fullgraph=True, dynamic=False)
+    cuda_graphs = device.type == "cuda" and mode == "reduce-overhead"
+    runners = {
+        "hand": _hand_runner(hand, [initial_state(model)], batch, False),
+        "hand compiled": _hand_runner(hand_compiled, [initial_state(model)], batch, cuda_graphs),
+    }
+    compiled.step(batch)
+    wait()
+    learner_compile = compiled.compiled_step.compile_seconds
+    started = time.perf_counter()
+    runners["hand compiled"]()
+    wait()
+    hand_compile = time.perf_counter() - started
+    if compiled.compiled_step.fallback is not None:
+        print(f"   {shape.name}: the compiled learner fell back to eager: ", end="")
+        print(compiled.compiled_step.fallback)
+    autograd = autograd_step(model)
+    calls, warmup = _CALLS[shape.name]
+    times = _best_times(
+        {
+            "eager": lambda: eager.step(batch),
+            "compiled": lambda: compiled.step(batch),
+            "hand": runners["hand"],
+            "hand compiled": runners["hand compiled"],
+            "autograd": lambda: autograd(batch),
+        },
+        calls,
+        warmup=warmup,
+        sync=sync,
+    )
+    recompiled = compiled.compiled_step.compilations - 1
+    ms = {name: seconds * 1e3 for name, seconds in times.items()}
+    eager_ratio, compiled_ratio = (
+        times["eager"] / times["hand"],
+        times["compiled"] / times["hand compiled"],
+    )
+    print(
+        f"   {shape.name} ({shape.tasks} tasks x K={shape.support}, Q={shape.query}, MLP "
+        f"{shape.record()['mlp']}): eager {ms['eager']:.3g} ms vs hand {ms['hand']:.3g} ms = "
+        f"{eager_ratio:.2f}x (autograd + torch.optim {ms['autograd']:.3g} ms: "
+        f"{times['eager'] / times['autograd']:.2f}x); compiled {ms['compiled']:.3g} ms vs hand "
+        f"{ms['hand compiled']:.3g} ms = {compiled_ratio:.2f}x; compile {learner_compile:.0f} s "
+        f"vs hand {hand_compile:.0f} s; recompilations {recompiled}"
+    )
+    target = "<= 1.10" if shape.name == "sinusoid" and device.type == "cpu" else None
+    record = {"shape": {**shape.record(), "calls": calls, "mode": mode}, "device": str(device)}
+    write_record(
+        "learners",
+        f"5-step-eager-{shape.name}",
+        "MetaLearner.step eager, s per step (best of the calls)",
+        times["eager"],
+        "s",
+        baseline=Baseline(
+            "hand-written torch.func step (grad of vmap, functional Adam), s", times["hand"]
+        ),
+        target=target,
+        details={"autograd_torch_optim_s": times["autograd"]},
+        **record,
+    )
+    write_record(
+        "learners",
+        f"5-step-compiled-{shape.name}",
+        f"MetaLearner.step compiled (compile {mode!r}), s per step (best of the calls)",
+        times["compiled"],
+        "s",
+        baseline=Baseline("hand-written torch.func step compiled whole, s", times["hand compiled"]),
+        target=target,
+        details={"recompilations": recompiled, "fallback": compiled.compiled_step.fallback},
+        **record,
+    )
+    write_record(
+        "learners",
+        f"5-compile-seconds-{shape.name}",
+        "MetaLearner compiled step: first call (compiling it), s",
+        learner_compile,
+        "s",
+        baseline=Baseline("hand-written torch.func step: first compiled call, s", hand_compile),
+        **record,
+    )
+    if device.type == "cuda" and shape.name in ("sinusoid", "large"):
+        write_record(
+            "learners",
+            f"5-step-compiled-gpu-{shape.name}",
+            f"MetaLearner.step compiled (compile {mode!r}) on the GPU, s per step",
+            times["compiled"],
+            "s",
+            target=f"<= {_COMPILED_TARGET_S}",
+            **record,
+        )
+
+
+def bench_meta_step(device: torch.device, mode: str, quick: bool) -> None:
+    print(
+        f"5. MetaLearner.step eager and compiled (mode {mode!r}) against hand-written "
+        f"torch.func steps, on {device}"
+    )
+    for shape in SHAPES[:1] if quick else SHAPES:
+        _meta_step_case(shape, device, mode)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="also run the 70k sinusoid run")
+    parser.add_argument("--quick", action="store_true", help="5: the sinusoid shape only")
+    parser.add_argument("--device", default="cpu", help="device of 5 (cpu, cuda, cuda:N)")
+    parser.add_argument(
+        "--mode", default=None, help="torch.compile mode of 5 (default: reduce-overhead on cuda)"
+    )
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA device here")
+    mode = args.mode or ("reduce-overhead" if device.type == "cuda" else "default")
     # Small kernels gain nothing from intra-op threads, and on a shared 2-core machine
     # spinning worker threads make every timing noisier.
     torch.set_num_threads(1)
-    bench_update_overhead()
-    bench_vmap_vs_loop()
-    bench_saved_memory()
+    if device.type == "cpu":
+        bench_update_overhead()
+        bench_vmap_vs_loop()
+        bench_saved_memory()
+    bench_meta_step(device, mode, args.quick)
     if args.full:
         bench_sinusoid_full()
     return 0

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from learners.meta_batch import MetaBatch
-from learners.outer_step import InnerCheck, OuterState, OuterStep, outer_update
+from learners.outer_step import InnerCheck, OuterState, OuterStep, copy_state, outer_update
 from learners.params import Batch, Params
 
 _log = logging.getLogger(__name__)
@@ -99,9 +99,17 @@ class CompiledMetaStep:
         self.fallback: str | None = None
         """Why the learner runs eager, once it does."""
         self._parts = parts
-        self._compiled = torch.compile(
-            build_meta_step(parts), mode=mode, fullgraph=True, dynamic=False
-        )
+        meta_step = build_meta_step(parts)
+        # CUDA graphs replay into fixed output buffers, and keep mutated inputs out of their
+        # graphs: there the new state comes out and is copied in after the call. Otherwise
+        # the compiled code writes it in place (the copies fuse into its kernels).
+        self._writes_in_place = mode != "reduce-overhead"
+        if self._writes_in_place:
+            self._compiled = torch.compile(
+                _writing_in_place(meta_step), mode=mode, fullgraph=True, dynamic=False
+            )
+        else:
+            self._compiled = torch.compile(meta_step, mode=mode, fullgraph=True, dynamic=False)
         if unsupported is not None:
             self._fall_back(unsupported)
 
@@ -121,7 +129,11 @@ class CompiledMetaStep:
         graphs = _graphs_compiled()
         started = time.perf_counter()
         try:
-            new, metrics = self._compiled(live, support, query)
+            if self._writes_in_place:
+                metrics = self._compiled(live, support, query)
+            else:
+                new, metrics = self._compiled(live, support, query)
+                outer.write(live, new)
         except torch._dynamo.exc.TorchDynamoException as error:
             self._fall_back(f"compiling the meta-step failed: {_first_line(error)}")
             return None
@@ -137,7 +149,6 @@ class CompiledMetaStep:
                 seconds,
                 self.compilations,
             )
-        outer.write(live, new)
         if cuda_graphs:
             metrics = {k: v.clone() if isinstance(v, Tensor) else v for k, v in metrics.items()}
         metrics.update(self._parts.lr_stats())
@@ -146,6 +157,18 @@ class CompiledMetaStep:
     def _fall_back(self, reason: str) -> None:
         self.fallback = reason
         _log.warning("MetaConfig.compile=%r: %s; the meta-step runs eager", self.mode, reason)
+
+
+def _writing_in_place(meta_step: MetaStep) -> Callable[[OuterState, Batch, Batch], StepMetrics]:
+    """`meta_step` that copies the new state into the state it was given; returns metrics."""
+
+    def step_in_place(state: OuterState, support: Batch, query: Batch) -> StepMetrics:
+        new, metrics = meta_step(state, support, query)
+        with torch.no_grad():
+            copy_state(state, new)
+        return metrics
+
+    return step_in_place
 
 
 def _num_tasks(batch: Batch) -> int:

@@ -40,10 +40,18 @@ def inside_vmap() -> bool:
     return any(level.key() == torch._C._functorch.TransformType.Vmap for level in stack)
 
 
-def global_norm(grads: Mapping[str, Tensor]) -> Tensor:
+def global_norm(grads: Mapping[str, Tensor] | list[Tensor]) -> Tensor:
     """The L2 norm of all tensors together (non-finite if any entry is)."""
-    # Per-tensor norms: on CPU this beats torch._foreach_norm, which also has no vmap rule.
-    norms = [torch.linalg.vector_norm(g) for g in grads.values()]
+    tensors = list(grads.values()) if isinstance(grads, Mapping) else grads
+    if torch.compiler.is_compiling():
+        # torch.compile lowers neither vector norms under vmap nor _foreach_norm to fused
+        # code; a sum of squares is one fused reduction.
+        return torch.sqrt(torch.stack([g.square().sum() for g in tensors]).sum())
+    if isinstance(grads, Mapping):
+        # Per-tensor norms: on CPU this beats torch._foreach_norm, which has no vmap rule.
+        norms = [torch.linalg.vector_norm(g) for g in tensors]
+    else:
+        norms = torch._foreach_norm(tensors)
     return torch.linalg.vector_norm(torch.stack(norms))
 
 

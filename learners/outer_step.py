@@ -24,6 +24,7 @@ from torch import Tensor
 
 from learners.config import OuterConfig
 from learners.differentiable import NonFiniteGradientError, raise_on_nonfinite
+from learners.inner_optim import global_norm
 
 # Failure kinds, in `Failure.kind`.
 _NONE, _INNER, _OUTER = 0, 1, 2
@@ -115,7 +116,7 @@ def outer_update(
     """The state after one outer step with `grads` (one per leaf), and the step's metrics:
     `grad_norm` (before clipping), `outer_skipped` (1 when outer.nonfinite='skip' left a
     non-finite step out) and `weights_seq_no`, all tensors."""
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    norm = global_norm(grads)
     finite = torch.isfinite(norm)
     if rule.clip_norm is not None:
         grads = torch._foreach_mul(grads, torch.clamp(rule.clip_norm / (norm + _CLIP_EPS), max=1.0))
@@ -201,9 +202,9 @@ class OuterStep:
         return metrics
 
     def write(self, live: OuterState, new: OuterState) -> None:
-        """Copy `new` into the live tensors `live` (from `state()`), in one foreach call."""
+        """Copy `new` into the live tensors `live` (from `state()`)."""
         with torch.no_grad():
-            torch._foreach_copy_(_flat(live), _flat(new))
+            copy_state(live, new)
 
     @property
     def weights_seq_no(self) -> int:
@@ -245,6 +246,17 @@ class OuterStep:
             entry["step"] = torch.zeros((), dtype=_scalar_dtype(), device=device)
 
 
+def copy_state(live: OuterState, new: OuterState) -> None:
+    """Copy every tensor of `new` into the same place of `live`."""
+    if torch.compiler.is_compiling():
+        # One copy per tensor: torch.compile folds them into the kernels that produce them
+        # (and its lowering of one _foreach_copy_ over mixed dtypes and shapes lost values).
+        for target, value in zip(_flat(live), _flat(new), strict=True):
+            target.copy_(value)
+    else:
+        torch._foreach_copy_(_flat(live), _flat(new))
+
+
 def _adam(
     rule: OuterRule, state: OuterState, grads: list[Tensor]
 ) -> tuple[list[Tensor], dict[str, list[Tensor]], list[Tensor]]:
@@ -268,8 +280,7 @@ def _adam(
     torch._foreach_add_(denominators, rule.eps)
     directions = torch._foreach_div(exp_avg, denominators)
     torch._foreach_div_(directions, correction1)
-    torch._foreach_mul_(directions, [-lr for lr in rule.lrs])
-    new_leaves = torch._foreach_add(leaves, directions)
+    new_leaves = torch._foreach_add(leaves, _scaled(directions, rule.lrs))
     slots = {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     return new_leaves, slots, [step] * len(leaves)
 
@@ -287,8 +298,15 @@ def _sgd(
         buffers = torch._foreach_mul(state.slots["momentum_buffer"], rule.momentum)
         torch._foreach_add_(buffers, grads)
         slots["momentum_buffer"] = grads = buffers
-    directions = torch._foreach_mul(grads, [-lr for lr in rule.lrs])
-    return torch._foreach_add(leaves, directions), slots, []
+    return torch._foreach_add(leaves, _scaled(grads, rule.lrs)), slots, []
+
+
+def _scaled(directions: list[Tensor], lrs: tuple[float, ...]) -> list[Tensor]:
+    """Each direction times minus its learning rate."""
+    if len(set(lrs)) == 1:
+        return torch._foreach_mul(directions, -lrs[0])
+    # A list of scalars has no torch.compile lowering; one product per tensor fuses.
+    return [d * -lr for d, lr in zip(directions, lrs, strict=True)]
 
 
 def _select(condition: Tensor, new: list[Tensor], old: list[Tensor]) -> list[Tensor]:
