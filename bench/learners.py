@@ -8,7 +8,7 @@
 4. `--full`: the MAML paper's sinusoid run (70k meta-iterations) on the shipped sample, a
    held-out steps 0/1/10 table; target: MSE after 1 step <= 0.40. Minutes; on demand only.
 5. `MetaLearner.step`, eager and compiled (`MetaConfig.compile`), against the hand-written
-   `torch.func` step eager and compiled (`bench/hand_written.py`), for three shapes: 25 tasks
+   `torch.func` step eager and compiled (`bench/baselines/meta_step.py`), for three shapes: 25 tasks
    x K=10 on 1-40-40-1 (the sinusoid; targets <= 1.10x both), 1 task x K=5, and 64 tasks x
    K=256 on 20-256-256-6. Compiling takes 15-70 s per function on the 2-core machine:
    `--quick` measures the sinusoid shape only. `--device cuda` runs 5 on a GPU (compile mode
@@ -35,7 +35,7 @@ from torch.func import functional_call, grad
 # the `learners` package; the repository root must come first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.hand_written import (
+from bench.baselines.meta_step import (
     SHAPES,
     Shape,
     autograd_step,

@@ -9,7 +9,9 @@ serves every test that needs one.
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pytest
@@ -66,7 +68,15 @@ class CompiledRun(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def run() -> CompiledRun:
+def run() -> Iterator[CompiledRun]:
+    yield _compiled_run()
+    # Compiled code keeps its tracing objects (functorch wrappers among them) until dynamo's
+    # caches go; later tests that walk every live tensor must not meet them.
+    torch._dynamo.reset()
+    gc.collect()
+
+
+def _compiled_run() -> CompiledRun:
     compiled = MetaLearner(_config(compile="default"))
     eager = MetaLearner(_config())
     records: list[logging.LogRecord] = []

@@ -7,8 +7,9 @@ meta-batches, taken beforehand from a stream built the same way. Rounds alternat
 so that both see the same load; the ratio is the median of the rounds' ratios. Target:
 flow >= 0.9x the learner alone.
 
-Run: ``.venv/bin/python bench/flow_loop.py [--iterations N] [--rounds R]``. Each figure is
-written as a record (``bench/records.py``).
+Run: ``.venv/bin/python bench/flow.py [--iterations N] [--rounds R] [--prefetch P]``
+(``--prefetch`` overrides ``training.prefetch``). Each figure is written as a record
+(``bench/records.py``).
 """
 
 from __future__ import annotations
@@ -33,19 +34,18 @@ ROOT = Path(__file__).resolve().parents[1]
 _RATE = re.compile(r"\| ([0-9.]+) it/s \|")
 
 
-def _config(run_dir: Path, iterations: int, prefetch: int):
+def _config(run_dir: Path, iterations: int, prefetch: int | None):
     from flows.config import load_config
 
-    return load_config(
-        ROOT / "flows" / "configs" / "sinusoid.yaml",
-        [
-            f"data.train={ROOT / 'data/samples/sinusoid/train'}",
-            f"data.heldout={ROOT / 'data/samples/sinusoid/heldout'}",
-            f"training.iterations={iterations}",
-            f"training.checkpoint_dir={run_dir}",
-            f"training.prefetch={prefetch}",
-        ],
-    )
+    overrides = [
+        f"data.train={ROOT / 'data/samples/sinusoid/train'}",
+        f"data.heldout={ROOT / 'data/samples/sinusoid/heldout'}",
+        f"training.iterations={iterations}",
+        f"training.checkpoint_dir={run_dir}",
+    ]
+    if prefetch is not None:
+        overrides.append(f"training.prefetch={prefetch}")
+    return load_config(ROOT / "flows" / "configs" / "sinusoid.yaml", overrides)
 
 
 class _Lines(logging.Handler):
@@ -61,7 +61,7 @@ def _flow_rate(cfg, data, run_dir: Path) -> float:
     """Iterations/s of the flow's training loop, as its own last progress line reports."""
     from flows.training import train
 
-    logger = logging.getLogger("bench.flow_loop.train")
+    logger = logging.getLogger("bench.flow.train")
     logger.propagate = False
     logger.setLevel(logging.INFO)
     lines = _Lines()
@@ -101,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    quiet = logging.getLogger("bench.flow_loop.quiet")
+    quiet = logging.getLogger("bench.flow.quiet")
     quiet.propagate = False
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            probe = _config(Path(tmp), args.iterations, 0)
-            prefetch = probe.training.prefetch if args.prefetch is None else args.prefetch
+            probe = _config(Path(tmp), args.iterations, args.prefetch)
+            prefetch = probe.training.prefetch
             data = read_episodes(probe.data.train)
             samples = build_task_samples(probe, data, quiet)
             tasks = probe.tasks
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.median(ratios)
     print(f"flow loop / learner alone: {ratio:.3f} (median of {args.rounds}; target >= 0.9)")
     write_record(
-        "flow-loop",
-        "1-sinusoid-flow-loop",
+        "flow",
+        "1-sinusoid-loop",
         "flows.training.train, its own progress it/s (median of the rounds); ratio: median of "
         "the rounds' ratios",
         statistics.median(flow),
