@@ -1,0 +1,258 @@
+"""Import a recording of RLlib's offline recorder (new API stack, ``output_write_episodes=False``).
+
+What RLlib 2.60 writes, and what becomes of it:
+
+- ``OUTPUT/<env>/run-<worker>-<n>/*.parquet``, one directory per ``sample()`` call, often one
+  row per file. The recorder never empties its buffer, so every write repeats all earlier
+  rows: each step is kept once, and a step recorded twice with different values is refused,
+  naming the episode, the step and both files.
+- No ``t``: steps are numbered per episode in recording order (``rllib_steps``).
+- ``obs``/``new_obs`` (and other tensor columns) as Ray's ``ArrowTensorTypeV2`` over
+  ``large_list<float>``: read from the storage without Ray, written as
+  ``fixed_shape_tensor<float32>``; int32 ``actions`` -> int64; float64 ``rewards`` -> float32.
+- ``agent_id``/``module_id`` of type null (single agent) are dropped: every row belongs to
+  ``default_policy``. In multi-agent recordings ``module_id`` names each row's module.
+- ``task_id``: the ``task_id`` argument, else the name of the ``<env>`` directory.
+
+Memory: chunks of about ``chunk_bytes`` are converted, numbered, sorted and spilled
+(``external_sort``), then merged; besides those, one small cursor per episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.importers.columns import row_hashes
+from pipeline.importers.external_sort import ORIGIN, ExternalSorter
+from pipeline.importers.rllib_rows import canonical_rows
+from pipeline.importers.rllib_steps import StepNumbering
+from pipeline.importers.source_files import SourceFingerprint, walk
+from pipeline.importers.writer import CanonicalWriter, ImportSummary, Progress, check_output
+from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space
+from pipeline.schema import DatasetError
+
+CHUNK_BYTES = 64 << 20
+GENERATOR = "offmeta data import rllib"
+_SUFFIXES = (".parquet",)
+
+
+def import_rllib(
+    src: str | Path,
+    out: str | Path,
+    *,
+    task_id: str | None = None,
+    progress: Progress | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> ImportSummary:
+    """Convert the RLlib offline recording under ``src`` into a canonical dataset at ``out``.
+
+    ``src`` is the recorder's output directory, one ``<env>`` directory in it, or one
+    ``run-*`` directory. Raises ``DatasetError`` for input that cannot be converted and
+    ``ValueError`` when ``out`` already holds files; nothing is written then.
+    """
+    given, src, out = str(src), Path(src).absolute(), Path(out).absolute()
+    if not src.exists():
+        raise DatasetError(f"{src} does not exist; expected an RLlib recording directory")
+    check_output(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    recording = _Recording(src, given, task_id)
+    with ExternalSorter(out.parent, recording.refuse_conflict) as sorter:
+        for chunk in recording.chunks(chunk_bytes):
+            sorter.add(chunk)
+            if progress is not None:
+                progress(f"rllib: read {recording.files} files, {recording.rows} rows")
+        schema = _output_schema(sorter.schemas, src)
+        written = schema.remove(schema.get_field_index(ORIGIN))
+        with CanonicalWriter(out, written, progress=progress) as writer:
+            for table in sorter.merged(schema):
+                recording.check_modules(table)
+                writer.write(table.drop_columns([ORIGIN]))
+            return writer.finish(
+                recording.metadata(schema),
+                {
+                    "source_rows": recording.rows,
+                    "duplicate_rows": sorter.duplicate_rows,
+                    "padding_rows": 0,
+                    "source_fingerprint": recording.fingerprint.hexdigest(),
+                },
+            )
+
+
+class _Recording:
+    """Reads the recording in order and hands out canonical, step-numbered chunks."""
+
+    def __init__(self, src: Path, given: str, task_id: str | None) -> None:
+        self.src = src
+        self.given = given
+        self.task_id = task_id
+        self.tasks: set[str] = set()
+        self.fingerprint = SourceFingerprint(src)
+        self.files = 0
+        self.rows = 0
+        self._steps = StepNumbering()
+        self._first_obs: tuple[str, pa.DataType] | None = None
+
+    def chunks(self, chunk_bytes: int) -> Iterator[pa.Table]:
+        """Canonical tables with ``t`` and ``ORIGIN`` (file index), about ``chunk_bytes``
+        of source rows each, in recording order."""
+        pending: list[tuple[int, Path, int, pa.Table]] = []
+        size, write, directory = 0, -1, None
+        for index, path in enumerate(walk(self.src, _SUFFIXES)):
+            if path.parent != directory:
+                write, directory = write + 1, path.parent
+            for table in self._read(path, index):
+                pending.append((index, path, write, table))
+                size += table.nbytes
+                self.rows += table.num_rows
+            self.files = index + 1
+            if size >= chunk_bytes:
+                yield self._chunk(pending)
+                pending, size = [], 0
+        if pending:
+            yield self._chunk(pending)
+        if self.files == 0:
+            raise DatasetError(
+                f"no Parquet files found under {self.src}; expected the recorder's "
+                "OUTPUT/<env>/run-*/*.parquet files (config.offline_data(output=...))"
+            )
+
+    def _read(self, path: Path, index: int) -> Iterator[pa.Table]:
+        source = self.fingerprint.read(path)
+        try:
+            handle = pq.ParquetFile(
+                pa.BufferReader(source) if isinstance(source, pa.Buffer) else source
+            )
+            for group in range(handle.num_row_groups):
+                table = handle.read_row_group(group)
+                origin = pa.array(np.full(table.num_rows, index, dtype=np.int64))
+                yield table.append_column(ORIGIN, origin)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DatasetError(
+                f"{path}: not readable as Parquet ({' '.join(str(exc).split())}); expected "
+                "the recorder's Parquet files"
+            ) from None
+
+    def _chunk(self, pending: list[tuple[int, Path, int, pa.Table]]) -> pa.Table:
+        paths = {index: path for index, path, _, _ in pending}
+        converted, writes = [], []
+        for group in _same_schema_runs(pending):
+            first_path = group[0][1]
+            where = (
+                str(first_path)
+                if len(group) == 1
+                else f"{first_path} (and {len(group) - 1} more files)"
+            )
+            task = self.task_id or first_path.parent.parent.name
+            self.tasks.add(task)
+            table = canonical_rows(pa.concat_tables([g[3] for g in group]), where, task)
+            self._check_obs(table, where)
+            converted.append(table)
+            writes.extend(np.full(g[3].num_rows, g[2], dtype=np.int64) for g in group)
+        table = pa.concat_tables(converted, promote_options="permissive")
+        origins = table.column(ORIGIN).to_numpy()
+        where = lambda row: str(paths[int(origins[row])])  # noqa: E731
+        obs = row_hashes(table.column("obs").combine_chunks())
+        new_obs = (
+            row_hashes(table.column("new_obs").combine_chunks())
+            if "new_obs" in table.column_names
+            else None
+        )
+        steps = self._steps.number(
+            table.column("eps_id").combine_chunks(), np.concatenate(writes), obs, new_obs, where
+        )
+        return table.add_column(1, "t", pa.array(steps, pa.int32()))
+
+    def _check_obs(self, table: pa.Table, where: str) -> None:
+        kind = table.schema.field("obs").type
+        if self._first_obs is None:
+            self._first_obs = (where, kind)
+        elif kind != self._first_obs[1]:
+            raise DatasetError(
+                f"{where}: column 'obs' holds {kind}; expected {self._first_obs[1]} as in "
+                f"{self._first_obs[0]} (one observation shape per recording)"
+            )
+
+    def check_modules(self, table: pa.Table) -> None:
+        if "module_id" not in table.column_names or not table.column("module_id").null_count:
+            return
+        row = int(
+            np.flatnonzero(table.column("module_id").is_null().to_numpy(zero_copy_only=False))[0]
+        )
+        raise DatasetError(
+            f"{self._path(table.column(ORIGIN)[row].as_py())}: column 'module_id' is null or "
+            "missing while other files of the recording name modules; expected every row of a "
+            "multi-agent recording to name its module"
+        )
+
+    def refuse_conflict(self, table: pa.Table, first: int, second: int, column: str) -> NoReturn:
+        eps_id, step = table.column("eps_id")[first].as_py(), table.column("t")[first].as_py()
+        first_file = self._path(table.column(ORIGIN)[first].as_py())
+        second_file = self._path(table.column(ORIGIN)[second].as_py())
+        raise DatasetError(
+            f"{second_file}: episode '{eps_id}' step {step} is recorded twice with different "
+            f"values in column '{column}' (first in {first_file}); expected a repeated step to "
+            "be an exact copy, as RLlib's recorder rewrites it (remove one of the two recordings)"
+        )
+
+    def metadata(self, schema: pa.Schema) -> DatasetMetadata:
+        obs_shape = tuple(schema.field("obs").type.shape)
+        actions = schema.field("actions").type
+        if pa.types.is_integer(actions):
+            action_space = Space(kind="discrete")
+        else:
+            action_space = Space(kind="box", shape=tuple(actions.shape))
+        dataset_id = next(iter(self.tasks)) if len(self.tasks) == 1 else self.src.name
+        return DatasetMetadata(
+            id=dataset_id,
+            description=f"RLlib offline recording of {', '.join(sorted(self.tasks))}",
+            observation_space=Space(kind="box", shape=obs_shape),
+            action_space=action_space,
+            generator=GeneratorInfo(
+                name=GENERATOR,
+                args={
+                    "source": self.given,
+                    "source_fingerprint": self.fingerprint.hexdigest(),
+                    "task_id": self.task_id,
+                },
+            ),
+        )
+
+    def _path(self, index: int) -> str:
+        """The file with this reading index (the walk is repeated: paths are not kept)."""
+        return str(next(islice(walk(self.src, _SUFFIXES), index, None)))
+
+
+def _same_schema_runs(
+    pending: list[tuple[int, Path, int, pa.Table]],
+) -> Iterator[list[tuple[int, Path, int, pa.Table]]]:
+    """Consecutive entries whose tables share one schema (converted together: one
+    conversion per run of files instead of one per, often one-row, file)."""
+    group = [pending[0]]
+    for entry in pending[1:]:
+        if entry[3].schema.equals(group[0][3].schema, check_metadata=True) and (
+            entry[1].parent.parent == group[0][1].parent.parent
+        ):
+            group.append(entry)
+        else:
+            yield group
+            group = [entry]
+    yield group
+
+
+def _output_schema(schemas: list[pa.Schema], src: Path) -> pa.Schema:
+    """One schema for every run: types unified, columns null in every file dropped."""
+    try:
+        unified = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise DatasetError(
+            f"{src}: files of the recording disagree on column types ({exc}); expected one "
+            "type per column"
+        ) from None
+    return pa.schema([f for f in unified if not pa.types.is_null(f.type)])
