@@ -41,6 +41,8 @@ from pipeline.schema import DatasetError
 CHUNK_BYTES = 64 << 20
 GENERATOR = "offmeta data import rllib"
 _SUFFIXES = (".parquet",)
+_PROGRESS_FILES = 10_000
+_FILES_PER_PIECE = 1024
 
 
 def import_rllib(
@@ -64,10 +66,8 @@ def import_rllib(
     out.parent.mkdir(parents=True, exist_ok=True)
     recording = _Recording(src, given, task_id)
     with ExternalSorter(out.parent, recording.refuse_conflict) as sorter:
-        for chunk in recording.chunks(chunk_bytes):
+        for chunk in recording.chunks(chunk_bytes, progress):
             sorter.add(chunk)
-            if progress is not None:
-                progress(f"rllib: read {recording.files} files, {recording.rows} rows")
         schema = _output_schema(sorter.schemas, src)
         written = schema.remove(schema.get_field_index(ORIGIN))
         with CanonicalWriter(out, written, progress=progress) as writer:
@@ -99,24 +99,37 @@ class _Recording:
         self._steps = StepNumbering()
         self._first_obs: tuple[str, pa.DataType] | None = None
 
-    def chunks(self, chunk_bytes: int) -> Iterator[pa.Table]:
+    def chunks(self, chunk_bytes: int, progress: Progress | None) -> Iterator[pa.Table]:
         """Canonical tables with ``t`` and ``ORIGIN`` (file index), about ``chunk_bytes``
-        of source rows each, in recording order."""
+        each, in recording order. Files are converted in pieces of at most
+        ``_FILES_PER_PIECE`` (one Arrow table per, often one-row, file costs more memory
+        than its rows)."""
         pending: list[tuple[int, Path, int, pa.Table]] = []
-        size, write, directory = 0, -1, None
+        converted: list[pa.Table] = []
+        pending_bytes, converted_bytes, write, directory = 0, 0, -1, None
         for index, path in enumerate(walk(self.src, _SUFFIXES)):
             if path.parent != directory:
                 write, directory = write + 1, path.parent
             for table in self._read(path, index):
                 pending.append((index, path, write, table))
-                size += table.nbytes
+                pending_bytes += table.nbytes
                 self.rows += table.num_rows
             self.files = index + 1
-            if size >= chunk_bytes:
-                yield self._chunk(pending)
-                pending, size = [], 0
+            if progress is not None and self.files % _PROGRESS_FILES == 0:
+                progress(f"rllib: read {self.files} files, {self.rows} rows")
+            if len(pending) >= _FILES_PER_PIECE or pending_bytes >= chunk_bytes:
+                converted.append(self._convert(pending))
+                converted_bytes += converted[-1].nbytes
+                pending, pending_bytes = [], 0
+            if converted_bytes >= chunk_bytes:
+                yield pa.concat_tables(converted, promote_options="permissive")
+                converted, converted_bytes = [], 0
         if pending:
-            yield self._chunk(pending)
+            converted.append(self._convert(pending))
+        if converted:
+            yield pa.concat_tables(converted, promote_options="permissive")
+        if progress is not None:
+            progress(f"rllib: read {self.files} files, {self.rows} rows; sorting")
         if self.files == 0:
             raise DatasetError(
                 f"no Parquet files found under {self.src}; expected the recorder's "
@@ -139,7 +152,7 @@ class _Recording:
                 "the recorder's Parquet files"
             ) from None
 
-    def _chunk(self, pending: list[tuple[int, Path, int, pa.Table]]) -> pa.Table:
+    def _convert(self, pending: list[tuple[int, Path, int, pa.Table]]) -> pa.Table:
         paths = {index: path for index, path, _, _ in pending}
         converted, writes = [], []
         for group in _same_schema_runs(pending):
