@@ -23,7 +23,6 @@ from typing import Any, NoReturn
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline.importers.columns import first_difference
 
@@ -63,8 +62,9 @@ class ExternalSorter:
             return
         table = self._sort_unique(table)
         self._row_bytes = max(self._row_bytes, table.nbytes // table.num_rows)
-        path = self._root / f"run-{len(self._runs):06d}.parquet"
-        pq.write_table(table, path, row_group_size=self._batch_rows(), compression="lz4")
+        path = self._root / f"run-{len(self._runs):06d}.arrow"
+        with pa.ipc.new_file(path, table.schema) as writer:
+            writer.write_table(table, max_chunksize=self._batch_rows())
         self._runs.append(path)
         self.schemas.append(table.schema)
 
@@ -78,16 +78,16 @@ class ExternalSorter:
         yield from self._merge(runs, schema)
 
     def _merge_to_run(self, runs: list[Path], schema: pa.Schema) -> Path:
-        path = self._root / f"merged-{runs[0].stem}-{len(runs)}.parquet"
-        with pq.ParquetWriter(path, schema, compression="lz4") as writer:
+        path = self._root / f"merged-{runs[0].stem}-{len(runs)}.arrow"
+        with pa.ipc.new_file(path, schema) as writer:
             for table in self._merge(runs, schema):
-                writer.write_table(table, row_group_size=self._batch_rows())
+                writer.write_table(table, max_chunksize=self._batch_rows())
         for run in runs:
             run.unlink()
         return path
 
     def _merge(self, runs: list[Path], schema: pa.Schema) -> Iterator[pa.Table]:
-        cursors = [_RunCursor(path, schema, self._batch_rows()) for path in runs]
+        cursors = [_RunCursor(path, schema) for path in runs]
         active = [c for c in cursors if c.advance()]
         while active:
             boundary = min(c.last_key() for c in active)
@@ -122,17 +122,21 @@ class ExternalSorter:
 class _RunCursor:
     """Reads one sorted run batch by batch and hands out its rows in key order."""
 
-    def __init__(self, path: Path, schema: pa.Schema, batch_rows: int) -> None:
-        self._batches = pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self._file = pa.OSFile(str(path))
+        self._reader = pa.ipc.open_file(self._file)
+        self._next = 0
         self._schema = schema
         self._table: pa.Table | None = None
 
     def advance(self) -> bool:
-        """Load the next batch; False at the end of the run."""
-        batch = next(self._batches, None)
-        if batch is None:
+        """Load the next batch; False (and the file closed) at the end of the run."""
+        if self._next == self._reader.num_record_batches:
             self._table = None
+            self._file.close()
             return False
+        batch = self._reader.get_batch(self._next)
+        self._next += 1
         self._table = conform(pa.Table.from_batches([batch]), self._schema)
         return True
 

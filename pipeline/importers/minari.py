@@ -8,30 +8,28 @@ and its own ``metadata.json`` (``total_steps``). The hdf5 format keeps everythin
 ``main_data.hdf5``, which would need h5py: it is refused with a way out.
 
 An episode of T steps is stored as T+1 rows: ``observations`` holds the reset observation
-and the one after every step, and every other column is padded with one row. The import
-keeps T rows: ``obs`` = observations[0:T], ``new_obs`` = observations[1:T+1], ``actions``,
-``rewards``, ``terminateds``/``truncateds`` (``terminations``/``truncations``) from rows
-0..T-1, ``infos`` (when recorded) from rows 1..T: the info each step returned. Episode ids
-are the folder names (int64), ``t`` counts steps, ``task_id`` is the ``task_id`` argument
-or the dataset id.
+and the one after every step, every other column is padded with one row. The import keeps
+T transitions (``minari_episodes``). Episode ids are the folder names (int64), ``t`` counts
+steps, ``task_id`` is the ``task_id`` argument or the dataset id.
 
-Memory: one episode at a time (Minari itself holds a whole episode in memory to write it).
-Episodes are read in id order, so the output is sorted without a sort.
+Memory: groups of about ``_GROUP_ROWS`` rows, or one episode when it is longer (Minari
+itself holds a whole episode in memory to write it). Episodes are read in id order, so the
+output is sorted without a sort.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.importers.columns import to_tensor
+from pipeline.importers.minari_episodes import RawEpisode, canonical_episodes, check_columns
 from pipeline.importers.source_files import SourceFingerprint, natural_key
 from pipeline.importers.writer import CanonicalWriter, ImportSummary, Progress, check_output
 from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space
@@ -40,7 +38,7 @@ from pipeline.schema import DatasetError
 GENERATOR = "offmeta data import minari"
 _METADATA = "metadata.json"
 _SUFFIX = {"arrow": ".arrow", "parquet": ".parquet"}
-_FLAGS = {"terminations": "terminateds", "truncations": "truncateds"}
+_GROUP_ROWS = 65_536
 _PROGRESS_EVERY = 1000
 
 
@@ -121,16 +119,28 @@ class _Episodes:
         self.padding_rows = 0
 
     def tables(self, progress: Progress | None) -> Iterator[pa.Table]:
+        """Canonical tables of consecutive episodes, about ``_GROUP_ROWS`` rows each."""
+        group: list[RawEpisode] = []
+        rows = 0
         for directory in self._episode_directories():
             raw = self._read_episode(directory)
             self.episodes += 1
             self.padding_rows += min(raw.num_rows, 1)
             if raw.num_rows > 1:
-                table = self._canonical(raw, int(directory.name), directory)
-                self.rows += table.num_rows
-                yield table
+                group.append(RawEpisode(int(directory.name), directory, raw))
+                rows += raw.num_rows
+            if rows >= _GROUP_ROWS:
+                yield self._convert(group)
+                group, rows = [], 0
             if progress is not None and self.episodes % _PROGRESS_EVERY == 0:
                 progress(f"minari: read {self.episodes} episodes, {self.rows} steps")
+        if group:
+            yield self._convert(group)
+
+    def _convert(self, group: list[RawEpisode]) -> pa.Table:
+        table = canonical_episodes(group, self._spaces, self._task)
+        self.rows += table.num_rows
+        return table
 
     def check_totals(self, metadata: dict[str, Any]) -> None:
         """The dataset's ``metadata.json`` counts must match the episode folders."""
@@ -142,28 +152,28 @@ class _Episodes:
                 )
 
     def _episode_directories(self) -> list[Path]:
-        folders = [p for p in self._data.iterdir() if p.is_dir() and not p.name.startswith(".")]
-        named = [p for p in folders if not p.name.isdigit()]
+        with os.scandir(self._data) as listing:
+            folders = [e for e in listing if e.is_dir() and not e.name.startswith(".")]
+        named = [e for e in folders if not e.name.isdigit()]
         if named:
             raise DatasetError(
-                f"{named[0]}: not an episode folder; expected the folders of {self._data} to be "
-                "named by their integer episode id, as Minari writes them"
+                f"{named[0].path}: not an episode folder; expected the folders of {self._data} "
+                "to be named by their integer episode id, as Minari writes them"
             )
-        return sorted(folders, key=lambda p: natural_key(p.name))
+        return [Path(e.path) for e in sorted(folders, key=lambda e: int(e.name))]
 
     def _read_episode(self, directory: Path) -> pa.Table:
-        suffix = _SUFFIX[self._format]
-        files = sorted(
-            (p for p in directory.iterdir() if p.name.endswith(suffix)),
-            key=lambda p: natural_key(p.name),
-        )
-        if not files:
-            raise DatasetError(
-                f"{directory}: no *{suffix} file; expected the episode's data as Minari's "
-                f"{self._format} storage writes it (part-0{suffix})"
-            )
+        files = self._episode_files(directory)
         tables = [self._read_file(path) for path in files]
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        if self._schema is None:
+            check_columns(table, directory)
+            self._schema = table.schema
+        elif not table.schema.equals(self._schema):
+            raise DatasetError(
+                f"{directory}: columns {_describe(table.schema)} differ from the first "
+                f"episode's {_describe(self._schema)}; expected one type per column"
+            )
         episode_metadata = directory / _METADATA
         if episode_metadata.exists():
             steps = _read_json(episode_metadata, self._fingerprint).get("total_steps")
@@ -173,6 +183,26 @@ class _Episodes:
                     f"{steps}; expected total_steps + 1 rows (observations include the reset)"
                 )
         return table
+
+    def _episode_files(self, directory: Path) -> list[Path]:
+        """``part-0``, ``part-1``, ... as pyarrow's ``write_dataset`` names them: found by
+        name (a listing per episode folder costs more than the episode's read), by listing
+        when the folder holds other names."""
+        suffix = _SUFFIX[self._format]
+        files = []
+        while (path := directory / f"part-{len(files)}{suffix}").is_file():
+            files.append(path)
+        if not files:
+            files = sorted(
+                (p for p in directory.iterdir() if p.name.endswith(suffix)),
+                key=lambda p: natural_key(p.name),
+            )
+        if not files:
+            raise DatasetError(
+                f"{directory}: no *{suffix} file; expected the episode's data as Minari's "
+                f"{self._format} storage writes it (part-0{suffix})"
+            )
+        return files
 
     def _read_file(self, path: Path) -> pa.Table:
         source = self._fingerprint.read(path)
@@ -191,55 +221,9 @@ class _Episodes:
                 f"expected Minari's {self._format} episode file"
             ) from None
 
-    def _canonical(self, raw: pa.Table, eps_id: int, where: Path) -> pa.Table:
-        missing = [
-            c for c in ("observations", "actions", "rewards", *_FLAGS) if c not in raw.column_names
-        ]
-        if missing:
-            raise DatasetError(
-                f"{where}: column '{missing[0]}' is missing (found {', '.join(raw.column_names)}); "
-                "expected Minari's episode columns observations, actions, rewards, terminations, "
-                "truncations"
-            )
-        steps = raw.num_rows - 1
-        observations = raw.schema.field("observations")
-        obs_shape = tuple(self._spaces["observation_space"].get("shape") or ()) or None
-        obs = to_tensor(raw.column("observations"), observations, where=str(where), shape=obs_shape)
-        columns: dict[str, pa.Array] = {
-            "eps_id": pa.array(np.full(steps, eps_id, dtype=np.int64)),
-            "t": pa.array(np.arange(steps, dtype=np.int32)),
-            "obs": obs.slice(0, steps),
-            "actions": self._actions(raw, where).slice(0, steps),
-            "rewards": pc.cast(raw.column("rewards").slice(0, steps), pa.float32()),
-        }
-        for source, name in _FLAGS.items():
-            columns[name] = raw.column(source).slice(0, steps)
-            early = np.flatnonzero(columns[name].to_numpy(zero_copy_only=False)[:-1])
-            if len(early):
-                raise DatasetError(
-                    f"{where}: column '{source}' is set at step {int(early[0])} of {steps}; "
-                    "expected an episode to end only at its last step"
-                )
-        columns["new_obs"] = obs.slice(1, steps)
-        columns["task_id"] = pa.array([self._task] * steps, pa.string())
-        if "infos" in raw.column_names and raw.schema.field("infos").type.num_fields:
-            columns["infos"] = raw.column("infos").slice(1, steps)
-        table = pa.table(columns)
-        if self._schema is None:
-            self._schema = table.schema
-        elif not table.schema.equals(self._schema):
-            raise DatasetError(
-                f"{where}: columns {table.schema.types} differ from the first episode's "
-                f"{self._schema.types}; expected one type and shape per column"
-            )
-        return table
 
-    def _actions(self, raw: pa.Table, where: Path) -> pa.Array:
-        field, column = raw.schema.field("actions"), raw.column("actions")
-        if self._spaces["action_space"]["type"] == "Discrete":
-            return pc.cast(column, pa.int64()).combine_chunks()
-        shape = tuple(self._spaces["action_space"].get("shape") or ()) or None
-        return to_tensor(column, field, where=str(where), shape=shape)
+def _describe(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
 def _data_directory(src: Path) -> Path:

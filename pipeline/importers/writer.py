@@ -102,6 +102,10 @@ def canonical_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields)
 
 
+def _is_id_like(kind: pa.DataType) -> bool:
+    return pa.types.is_dictionary(kind) or pa.types.is_string(kind) or pa.types.is_integer(kind)
+
+
 class CanonicalWriter:
     """Sorted canonical tables in; a validated dataset directory out (see module doc)."""
 
@@ -116,6 +120,8 @@ class CanonicalWriter:
     ) -> None:
         self._out = out
         self._schema = canonical_schema(schema)
+        # Dictionary pages pay off for ids, not for floats (tried, then abandoned per page).
+        self._dictionary = [f.name for f in self._schema if _is_id_like(f.type)]
         self._row_group_rows = row_group_rows
         self._file_bytes = file_bytes
         self._progress = progress
@@ -181,9 +187,13 @@ class CanonicalWriter:
         if self._writer is None:
             name = f"part-{len(self._files):05d}.parquet"
             self._sink = pa.OSFile(str(self._staging / name), "wb")
-            self._writer = pq.ParquetWriter(self._sink, self._schema, compression="zstd")
+            self._writer = pq.ParquetWriter(
+                self._sink, self._schema, compression="zstd", use_dictionary=self._dictionary
+            )
             self._files.append(name)
-        self._writer.write_table(self._conform(table), row_group_size=table.num_rows)
+        # One contiguous chunk per column: many small chunks (one per episode) write slowly.
+        table = self._conform(table).combine_chunks()
+        self._writer.write_table(table, row_group_size=table.num_rows)
         self._rows += table.num_rows
         assert self._sink is not None
         if self._sink.tell() >= self._file_bytes:
