@@ -12,7 +12,9 @@ The recordings are made here with pyarrow in the tools' layouts (tests use real 
 - Minari: one folder per episode of 200 steps with ``part-0.arrow`` or ``part-0.parquet``
   (201 rows: observations plus one padding row) and ``metadata.json``.
 
-Each import and each baseline runs in a child process, which reports its time and peak RSS.
+Each import and each baseline runs in a child process, which reports its time and peak RSS;
+a fourth figure compares the RLlib import's peak RSS with that of a source a quarter the size
+(bounded memory: the ratio stays near 1).
 
 Run: ``.venv/bin/python bench/importers.py [TRANSITIONS]`` (default 1,000,000).
 """
@@ -41,7 +43,7 @@ _RAY_TENSOR = {
 }
 
 _CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 import pyarrow as pa, pyarrow.parquet as pq
 from pipeline.importers import import_minari, import_rllib
@@ -53,12 +55,18 @@ if kind == "baseline":
     if suffix == ".arrow":
         tables = [pa.ipc.open_file(f).read_all() for f in files]
     else:
-        tables = [pq.read_table(f) for f in files]
-    pq.write_table(pa.concat_tables(tables), out, row_group_size=65536, compression="zstd")
+        tables = [pq.ParquetFile(f).read() for f in files]
+    table = pa.concat_tables(tables)
+    # The importer's write: zstd, no dictionary pages for floats (they are never smaller).
+    ids = [f.name for f in table.schema if not pa.types.is_floating(f.type)
+           and not pa.types.is_nested(f.type) and not isinstance(f.type, pa.ExtensionType)]
+    pq.write_table(table, out, row_group_size=65536, compression="zstd", use_dictionary=ids)
 else:
     {"rllib": import_rllib, "minari": import_minari}[kind](src, out)
 seconds = time.perf_counter() - start
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec from the forking parent.
+status = Path("/proc/self/status").read_text().split("VmHWM:")[1]
+rss = int(status.split()[0]) * 1024
 print(json.dumps({"seconds": seconds, "peak_rss_bytes": rss}))
 """
 
@@ -196,6 +204,7 @@ def main(transitions: int) -> None:
             lambda root: write_minari(root, transitions, rng, "parquet"),
         ),
     )
+    rllib_rss = 0
     for figure, kind, suffix, make in formats:
         with tempfile.TemporaryDirectory(prefix="offmeta-bench-import-") as tmp:
             source = Path(tmp) / "source"
@@ -206,15 +215,16 @@ def main(transitions: int) -> None:
             size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
             baseline = _child("baseline", str(source), str(Path(tmp) / "baseline.parquet"), suffix)
             imported = _child(kind, str(source), str(Path(tmp) / "imported"))
+            rllib_rss = rllib_rss or imported["peak_rss_bytes"]
             rate = transitions / imported["seconds"]
             base_rate = transitions / baseline["seconds"]
             print(
                 f"{figure}: {transitions} transitions from {source_rows} source rows in {files} "
                 f"files ({size / 1e6:.0f} MB, generated in {generated:.1f} s): import "
                 f"{imported['seconds']:.2f} s = {rate / 1e6:.3f} M rows/s, peak RSS "
-                f"{imported['peak_rss_bytes'] / 2**20:.0f} MiB; baseline read + write "
-                f"{baseline['seconds']:.2f} s = {base_rate / 1e6:.3f} M rows/s, peak RSS "
-                f"{baseline['peak_rss_bytes'] / 2**20:.0f} MiB; ratio {rate / base_rate:.2f}"
+                f"{_mib(imported)}; baseline read + write {baseline['seconds']:.2f} s = "
+                f"{base_rate / 1e6:.3f} M rows/s, peak RSS {_mib(baseline)}; "
+                f"ratio {rate / base_rate:.2f}"
             )
             write_record(
                 "importers",
@@ -226,13 +236,7 @@ def main(transitions: int) -> None:
                     "pyarrow: read every source file, concatenate, write one Parquet file, rows/s",
                     base_rate,
                 ),
-                shape={
-                    "transitions": transitions,
-                    "source_rows": source_rows,
-                    "files": files,
-                    "obs_floats": OBS_FLOATS,
-                    "episode_steps": EPISODE_STEPS,
-                },
+                shape=_shape(transitions, source_rows, files),
                 details={
                     "import_seconds": imported["seconds"],
                     "baseline_seconds": baseline["seconds"],
@@ -241,6 +245,45 @@ def main(transitions: int) -> None:
                     "source_megabytes": round(size / 1e6, 1),
                 },
             )
+    _record_memory_bound(transitions, rllib_rss, rng, write_record, Baseline)
+
+
+def _record_memory_bound(transitions, rss, rng, write_record, baseline_type) -> None:
+    """Peak RSS of the RLlib import (external sort) at ``transitions`` against a quarter of
+    them: bounded memory keeps the ratio near 1 while the source grows 4x."""
+    quarter = transitions // 4
+    with tempfile.TemporaryDirectory(prefix="offmeta-bench-import-") as tmp:
+        source_rows = write_rllib(Path(tmp) / "source", quarter, rng)
+        small = _child("rllib", str(Path(tmp) / "source"), str(Path(tmp) / "imported"))
+    print(
+        f"4-rllib-peak-rss: import of {transitions} transitions {rss / 2**20:.0f} MiB, of "
+        f"{quarter} {_mib(small)}; ratio {rss / small['peak_rss_bytes']:.2f}"
+    )
+    write_record(
+        "importers",
+        "4-rllib-peak-rss",
+        f"offmeta data import rllib, peak RSS (VmHWM) at {transitions} transitions, bytes",
+        float(rss),
+        "bytes",
+        baseline=baseline_type(
+            f"the same import at {quarter} transitions, peak RSS, bytes",
+            float(small["peak_rss_bytes"]),
+        ),
+        target="<= 1.3",
+        shape={**_shape(transitions, 0, 0), "baseline_transitions": quarter},
+        details={"baseline_source_rows": source_rows},
+    )
+
+
+def _shape(transitions: int, source_rows: int, files: int) -> dict[str, int]:
+    shape = {"transitions": transitions, "obs_floats": OBS_FLOATS, "episode_steps": EPISODE_STEPS}
+    if files:
+        shape |= {"source_rows": source_rows, "files": files}
+    return shape
+
+
+def _mib(run: dict[str, float]) -> str:
+    return f"{run['peak_rss_bytes'] / 2**20:.0f} MiB"
 
 
 if __name__ == "__main__":

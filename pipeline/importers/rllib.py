@@ -43,6 +43,8 @@ GENERATOR = "offmeta data import rllib"
 _SUFFIXES = (".parquet",)
 _PROGRESS_FILES = 10_000
 _FILES_PER_PIECE = 1024
+_PIECES = 8
+"""Pieces per chunk: conversion copies a piece a few times, so pieces stay small."""
 
 
 def import_rllib(
@@ -101,9 +103,9 @@ class _Recording:
 
     def chunks(self, chunk_bytes: int, progress: Progress | None) -> Iterator[pa.Table]:
         """Canonical tables with ``t`` and ``ORIGIN`` (file index), about ``chunk_bytes``
-        each, in recording order. Files are converted in pieces of at most
-        ``_FILES_PER_PIECE`` (one Arrow table per, often one-row, file costs more memory
-        than its rows)."""
+        each, in recording order. Files are converted in pieces of an eighth of that, or of
+        ``_FILES_PER_PIECE`` files (one Arrow table per, often one-row, file costs more
+        memory than its rows)."""
         pending: list[tuple[int, Path, int, pa.Table]] = []
         converted: list[pa.Table] = []
         pending_bytes, converted_bytes, write, directory = 0, 0, -1, None
@@ -117,7 +119,7 @@ class _Recording:
             self.files = index + 1
             if progress is not None and self.files % _PROGRESS_FILES == 0:
                 progress(f"rllib: read {self.files} files, {self.rows} rows")
-            if len(pending) >= _FILES_PER_PIECE or pending_bytes >= chunk_bytes:
+            if len(pending) >= _FILES_PER_PIECE or pending_bytes * _PIECES >= chunk_bytes:
                 converted.append(self._convert(pending))
                 converted_bytes += converted[-1].nbytes
                 pending, pending_bytes = [], 0

@@ -54,27 +54,32 @@ class SourceFingerprint:
     """sha256 over the files read, in reading order (see module doc)."""
 
     def __init__(self, root: Path) -> None:
-        self._root = root if root.is_dir() else root.parent
+        self._root = os.fspath(root if root.is_dir() else root.parent)
         self._total = hashlib.sha256()
 
-    def read(self, path: Path) -> pa.Buffer | Path:
+    def read(self, path: str | Path) -> pa.Buffer | Path:
         """Fingerprint ``path`` and return something to parse it from: its bytes when it is
         small (read once), else the path itself (hashed in chunks, parsed afterwards)."""
-        size = path.stat().st_size
+        path = os.fspath(path)
+        size = os.stat(path).st_size
         if size <= _WHOLE_FILE_BYTES:
-            data = path.read_bytes()
+            with open(path, "rb") as handle:
+                data = handle.read()
             self._add(path, len(data), hashlib.sha256(data).hexdigest())
             return pa.py_buffer(data)
         digest = hashlib.sha256()
-        with path.open("rb") as handle:
+        with open(path, "rb") as handle:
             while chunk := handle.read(_HASH_CHUNK):
                 digest.update(chunk)
         self._add(path, size, digest.hexdigest())
-        return path
+        return Path(path)
 
     def hexdigest(self) -> str:
         return self._total.hexdigest()
 
-    def _add(self, path: Path, size: int, digest: str) -> None:
-        relative = path.relative_to(self._root).as_posix()
+    def _add(self, path: str, size: int, digest: str) -> None:
+        # String operations: pathlib's relative_to costs more than hashing a small file.
+        relative = (
+            os.path.relpath(path, self._root) if os.sep != "/" else path[len(self._root) + 1 :]
+        )
         self._total.update(f"{relative}\t{size}\t{digest}\n".encode())
