@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -87,6 +87,17 @@ def import_rllib(
             )
 
 
+class _Part(NamedTuple):
+    """Rows of one row group of one recorder file, as read."""
+
+    index: int
+    """The file's position in reading order (its ``ORIGIN``)."""
+    path: Path
+    write: int
+    """Position of the file's write (``run-*`` directory) in reading order."""
+    table: pa.Table
+
+
 class _Recording:
     """Reads the recording in order and hands out canonical, step-numbered chunks."""
 
@@ -106,14 +117,14 @@ class _Recording:
         each, in recording order. Files are converted in pieces of an eighth of that, or of
         ``_FILES_PER_PIECE`` files (one Arrow table per, often one-row, file costs more
         memory than its rows)."""
-        pending: list[tuple[int, Path, int, pa.Table]] = []
+        pending: list[_Part] = []
         converted: list[pa.Table] = []
         pending_bytes, converted_bytes, write, directory = 0, 0, -1, None
         for index, path in enumerate(walk(self.src, _SUFFIXES)):
             if path.parent != directory:
                 write, directory = write + 1, path.parent
             for table in self._read(path, index):
-                pending.append((index, path, write, table))
+                pending.append(_Part(index, path, write, table))
                 pending_bytes += table.nbytes
                 self.rows += table.num_rows
             self.files = index + 1
@@ -154,34 +165,32 @@ class _Recording:
                 "the recorder's Parquet files"
             ) from None
 
-    def _convert(self, pending: list[tuple[int, Path, int, pa.Table]]) -> pa.Table:
-        paths = {index: path for index, path, _, _ in pending}
+    def _convert(self, pending: list[_Part]) -> pa.Table:
+        paths = {part.index: part.path for part in pending}
         converted, writes = [], []
         for group in _same_schema_runs(pending):
-            first_path = group[0][1]
-            where = (
-                str(first_path)
-                if len(group) == 1
-                else f"{first_path} (and {len(group) - 1} more files)"
-            )
-            task = self.task_id or first_path.parent.parent.name
+            first = group[0].path
+            where = str(first) if len(group) == 1 else f"{first} (and {len(group) - 1} more files)"
+            task = self.task_id or first.parent.parent.name
             self.tasks.add(task)
-            table = canonical_rows(pa.concat_tables([g[3] for g in group]), where, task)
+            table = canonical_rows(pa.concat_tables([part.table for part in group]), where, task)
             self._check_obs(table, where)
             converted.append(table)
-            writes.extend(np.full(g[3].num_rows, g[2], dtype=np.int64) for g in group)
+            writes.extend(np.full(part.table.num_rows, part.write) for part in group)
         table = pa.concat_tables(converted, promote_options="permissive")
         origins = table.column(ORIGIN).to_numpy()
-        where = lambda row: str(paths[int(origins[row])])  # noqa: E731
+
+        def where_row(row: int) -> str:
+            return str(paths[int(origins[row])])
+
         obs = row_hashes(table.column("obs").combine_chunks())
         new_obs = (
             row_hashes(table.column("new_obs").combine_chunks())
             if "new_obs" in table.column_names
             else None
         )
-        steps = self._steps.number(
-            table.column("eps_id").combine_chunks(), np.concatenate(writes), obs, new_obs, where
-        )
+        eps_id = table.column("eps_id").combine_chunks()
+        steps = self._steps.number(eps_id, np.concatenate(writes), obs, new_obs, where_row)
         return table.add_column(1, "t", pa.array(steps, pa.int32()))
 
     def _check_obs(self, table: pa.Table, where: str) -> None:
@@ -244,20 +253,19 @@ class _Recording:
         return str(next(islice(walk(self.src, _SUFFIXES), index, None)))
 
 
-def _same_schema_runs(
-    pending: list[tuple[int, Path, int, pa.Table]],
-) -> Iterator[list[tuple[int, Path, int, pa.Table]]]:
-    """Consecutive entries whose tables share one schema (converted together: one
-    conversion per run of files instead of one per, often one-row, file)."""
+def _same_schema_runs(pending: list[_Part]) -> Iterator[list[_Part]]:
+    """Consecutive parts of one schema and one environment directory (converted together:
+    one conversion per run of files instead of one per, often one-row, file)."""
     group = [pending[0]]
-    for entry in pending[1:]:
-        if entry[3].schema.equals(group[0][3].schema, check_metadata=True) and (
-            entry[1].parent.parent == group[0][1].parent.parent
+    for part in pending[1:]:
+        first = group[0]
+        if part.table.schema.equals(first.table.schema, check_metadata=True) and (
+            part.path.parent.parent == first.path.parent.parent
         ):
-            group.append(entry)
+            group.append(part)
         else:
             yield group
-            group = [entry]
+            group = [part]
     yield group
 
 
