@@ -22,7 +22,7 @@ from pipeline.dataset import inspect_episodes
 from pipeline.importers import import_minari, import_rllib
 from pipeline.importers.external_sort import ORIGIN, ExternalSorter
 from pipeline.importers.source_files import natural_key
-from pipeline.importers.writer import CanonicalWriter
+from pipeline.importers.writer import CanonicalWriter, SourceFacts
 from pipeline.metadata import DatasetMetadata
 from pipeline.schema import DatasetError
 
@@ -316,8 +316,8 @@ def test_writer_cuts_row_groups_and_files(tmp_path):
     assert _dataset(tmp_path / "out").equals(table.combine_chunks())
 
 
-def _no_source() -> dict[str, object]:
-    return {"source_rows": 0, "duplicate_rows": 0, "padding_rows": 0, "source_fingerprint": ""}
+def _no_source() -> SourceFacts:
+    return SourceFacts(source_rows=0, duplicate_rows=0, padding_rows=0, source_fingerprint="")
 
 
 def test_import_refuses_a_used_output_directory_before_reading(tmp_path):

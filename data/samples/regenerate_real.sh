@@ -18,9 +18,10 @@ minari_version="0.5.4" # writes arrow, parquet (>= 0.5.3) and hdf5 (with h5py)
 if [[ ! -x "$venv/bin/python" ]]; then
   python3.11 -m venv "$venv"
 fi
-# torch pinned to the CPU build: an unpinned torch pulls a multi-GB CUDA build.
-"$venv/bin/pip" install --quiet "torch==2.13.0" \
-  "ray[rllib]==$ray_version" "minari[arrow,create,hdf5]==$minari_version" "gymnasium"
+# torch pinned to the CPU build: an unpinned torch pulls a multi-GB CUDA build. Minari's
+# arrow storage imports PIL without declaring it, and its DataCollector needs jax ("create").
+"$venv/bin/pip" install --quiet "torch==2.13.0" "ray[rllib]==$ray_version" \
+  "minari[arrow,create,hdf5]==$minari_version" "gymnasium" "pillow"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

@@ -31,7 +31,13 @@ import pyarrow.parquet as pq
 
 from pipeline.importers.minari_episodes import RawEpisode, canonical_episodes, check_columns
 from pipeline.importers.source_files import SourceFingerprint, natural_key
-from pipeline.importers.writer import CanonicalWriter, ImportSummary, Progress, check_output
+from pipeline.importers.writer import (
+    CanonicalWriter,
+    ImportSummary,
+    Progress,
+    SourceFacts,
+    check_output,
+)
 from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space
 from pipeline.schema import DatasetError
 
@@ -91,12 +97,12 @@ def import_minari(
         reader.check_totals(metadata)
         return writer.finish(
             _dataset_metadata(metadata, spaces, given, task, fingerprint.hexdigest()),
-            {
-                "source_rows": reader.rows + reader.padding_rows,
-                "duplicate_rows": 0,
-                "padding_rows": reader.padding_rows,
-                "source_fingerprint": fingerprint.hexdigest(),
-            },
+            SourceFacts(
+                source_rows=reader.rows + reader.padding_rows,
+                duplicate_rows=0,
+                padding_rows=reader.padding_rows,
+                source_fingerprint=fingerprint.hexdigest(),
+            ),
         )
 
 

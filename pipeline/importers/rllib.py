@@ -34,7 +34,13 @@ from pipeline.importers.external_sort import ORIGIN, ExternalSorter
 from pipeline.importers.rllib_rows import canonical_rows
 from pipeline.importers.rllib_steps import StepNumbering
 from pipeline.importers.source_files import SourceFingerprint, walk
-from pipeline.importers.writer import CanonicalWriter, ImportSummary, Progress, check_output
+from pipeline.importers.writer import (
+    CanonicalWriter,
+    ImportSummary,
+    Progress,
+    SourceFacts,
+    check_output,
+)
 from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space
 from pipeline.schema import DatasetError
 
@@ -78,12 +84,12 @@ def import_rllib(
                 writer.write(table.drop_columns([ORIGIN]))
             return writer.finish(
                 recording.metadata(schema),
-                {
-                    "source_rows": recording.rows,
-                    "duplicate_rows": sorter.duplicate_rows,
-                    "padding_rows": 0,
-                    "source_fingerprint": recording.fingerprint.hexdigest(),
-                },
+                SourceFacts(
+                    source_rows=recording.rows,
+                    duplicate_rows=sorter.duplicate_rows,
+                    padding_rows=0,
+                    source_fingerprint=recording.fingerprint.hexdigest(),
+                ),
             )
 
 

@@ -45,6 +45,19 @@ Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
+class SourceFacts:
+    """What only the importer knows about the source it read."""
+
+    source_rows: int
+    """Rows read from the source, before dropping duplicates or padding rows."""
+    duplicate_rows: int
+    """Exact repeats of a recorded step, kept once (RLlib's recorder rewrites steps)."""
+    padding_rows: int
+    """Rows that are not transitions (Minari's last row of each episode)."""
+    source_fingerprint: str
+
+
+@dataclass(frozen=True)
 class ImportSummary:
     """What an import read and wrote."""
 
@@ -158,10 +171,8 @@ class CanonicalWriter:
             rest = merged.slice(self._row_group_rows)
             self._pending, self._pending_rows = [rest], rest.num_rows
 
-    def finish(self, metadata: DatasetMetadata, summary: dict[str, object]) -> ImportSummary:
-        """Write the last rows and ``dataset.json``, validate, and move the dataset into place.
-
-        ``summary`` holds the ``ImportSummary`` fields only the importer knows."""
+    def finish(self, metadata: DatasetMetadata, source: SourceFacts) -> ImportSummary:
+        """Write the last rows and ``dataset.json``, validate, and move the dataset into place."""
         if self._pending_rows:
             self._write_group(pa.concat_tables(self._pending))
         self._pending, self._pending_rows = [], 0
@@ -180,7 +191,10 @@ class CanonicalWriter:
             tasks=info.task_ids,
             modules=info.module_ids,
             fingerprint=info.fingerprint,
-            **summary,  # type: ignore[arg-type]
+            source_rows=source.source_rows,
+            duplicate_rows=source.duplicate_rows,
+            padding_rows=source.padding_rows,
+            source_fingerprint=source.source_fingerprint,
         )
 
     def _write_group(self, table: pa.Table) -> None:
