@@ -7,7 +7,8 @@
 #   OFFMETA_REAL_TOOLS_VENV=/some/dir data/samples/regenerate_real.sh
 #
 # Recordings are not byte-for-byte reproducible (RLlib names files and episodes with random
-# ids, Minari stamps creation dates): the committed samples are one run of this script.
+# ids; Minari measures ref_min_score from unseeded rollouts), though seeded training and
+# collection give the same row and episode counts: the committed samples are one run.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
