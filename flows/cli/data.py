@@ -1,4 +1,5 @@
-"""``offmeta data``: generate synthetic datasets and validate datasets on disk.
+"""``offmeta data``: generate synthetic datasets, import other tools' recordings and
+validate datasets on disk.
 
 ``validate`` runs every check ``read_episodes`` runs, without starting Ray: it reads
 footers, ``dataset.json``, the id and flag columns and the file bytes (for the fingerprint).
@@ -22,7 +23,7 @@ _GENERATOR_OPTIONS: dict[str, list[tuple[str, type, str]]] = {
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    data = subparsers.add_parser("data", help="generate and validate episode datasets")
+    data = subparsers.add_parser("data", help="generate, import and validate episode datasets")
     commands = data.add_subparsers(dest="data_command", required=True, metavar="COMMAND")
 
     generate = commands.add_parser(
@@ -69,6 +70,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     validate.add_argument("--json", action="store_true", help="print summaries as JSON lines")
     validate.set_defaults(handler=_validate)
+    _register_import(commands)
+
+
+def _register_import(commands: argparse._SubParsersAction) -> None:
+    importer = commands.add_parser(
+        "import",
+        help="convert an RLlib or Minari recording into a canonical dataset",
+        description="Convert another tool's recording into the canonical layout once: sorted "
+        "by (task, episode, t), ~128 MiB files, dataset.json naming the source's fingerprint. "
+        "Nothing is written when the recording is refused.",
+    )
+    tools = importer.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    for tool, text in (
+        ("rllib", "RLlib's offline recorder output (config.offline_data(output=...))"),
+        ("minari", "a Minari dataset directory (arrow or parquet storage)"),
+    ):
+        parser = tools.add_parser(tool, help=text)
+        parser.add_argument("src", metavar="SRC", help=text)
+        parser.add_argument("--out", required=True, help="new or empty output directory")
+        parser.add_argument(
+            "--task-id",
+            help="task id of every row (default: the environment directory for rllib, the "
+            "dataset id for minari)",
+        )
+        parser.set_defaults(handler=_import)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -121,6 +147,25 @@ def _validate(args: argparse.Namespace) -> int:
             continue
         _print_summary(summary, as_json=args.json, title=path)
     return status
+
+
+def _import(args: argparse.Namespace) -> int:
+    from pipeline.importers import import_minari, import_rllib
+    from pipeline.schema import DatasetError
+
+    run = {"rllib": import_rllib, "minari": import_minari}[args.tool]
+    try:
+        summary = run(
+            args.src,
+            args.out,
+            task_id=args.task_id,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except (DatasetError, ValueError) as exc:
+        print(f"offmeta data import {args.tool}: {exc}", file=sys.stderr)
+        return 1
+    print(summary.line())
+    return 0
 
 
 def _parse_column_map(pairs: list[str]) -> dict[str, str]:
