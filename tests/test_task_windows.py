@@ -15,12 +15,14 @@ import pytest
 import torch
 from episode_files import episode_table
 
+from flows.training import train
 from pipeline.dataset import inspect_episodes, read_episodes
 from pipeline.schema import DEFAULT_MODULE_ID, DatasetError
 from pipeline.streams import split_for_learners
 from pipeline.task_sources import WindowTaskSource
 from pipeline.task_windows import TaskWindows
 from pipeline.tasks import TaskSamples, task_samples
+from tests.flow_runs import tiny_config, tiny_point_robot
 
 SIZES = {f"t{i:02d}": 20 + (7 * i) % 31 for i in range(24)}  # 831 rows
 K, Q = 4, 6
@@ -181,12 +183,37 @@ def test_an_epoch_of_windows_uses_each_transition_once_and_mixes_at_most_two_win
 
 
 @pytest.mark.timeout(120)
+def test_windows_of_several_modules_group_each_meta_batch_per_module(tmp_path):
+    _write_sorted(tmp_path, SIZES, modules=("walker", "runner"))
+    episode = np.concatenate([np.arange(n) // 5 + 100 * i for i, n in enumerate(SIZES.values())])
+    module_of = np.where(episode % 2 == 0, "walker", "runner")
+    windows = task_samples(
+        inspect_episodes(tmp_path), support=K, query=Q, mode="stream", memory_budget_mb=0.04
+    )
+    per_epoch = windows.samples_per_epoch // 4
+    [epoch], _, _ = _take(windows, per_epoch, minibatch_size=4, seed=1)
+
+    used = []
+    for meta in epoch:
+        assert sum(group["obs"].shape[0] for group in meta["support"].values()) == 4
+        for module, group in meta["query"].items():
+            rows = group["rewards"].numpy().astype(int)
+            assert set(module_of[rows.ravel()]) == {module}
+            support = _ids(meta, "support", module)
+            assert (TASK_OF[support[:, 0]] == TASK_OF[rows[:, 0]]).all()
+            used.append(np.concatenate([support.ravel(), rows.ravel()]))
+    used = np.concatenate(used)
+    assert windows.module_ids == ("runner", "walker") and len(windows.windows) > 2
+    assert len(np.unique(used)) == len(used) == per_epoch * 4 * (K + Q)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("first", [0, 1, 5, 9, 17, 18, 23])
 def test_a_windowed_stream_resumes_exactly(windows, first):
     # 18 meta-batches per epoch of 72 samples: 17 is the last of epoch 0, 23 inside epoch 1.
     [uninterrupted], _, _ = _take(windows, first + 6, minibatch_size=4, seed=2)
     [_], states, _ = _take(windows, first, minibatch_size=4, seed=2)
-    [resumed], _, [stats] = _take(windows, 6, minibatch_size=4, seed=2, state=states)
+    [resumed], _, _ = _take(windows, 6, minibatch_size=4, seed=2, state=states)
 
     _assert_equal_batches(resumed, uninterrupted[first:])
 
@@ -318,4 +345,31 @@ def test_a_state_of_other_windows_is_refused(windows, sorted_dir):
     assert str(caught.value) == (
         f"learner-0: state was saved with window_rows=187 but this stream has "
         f"window_rows={larger.window_rows}; build the streams with the saved settings"
+    )
+
+
+@pytest.mark.timeout(300)
+def test_training_streams_when_configured_and_one_window_trains_as_in_memory(tmp_path, ray_session):
+    data = tiny_point_robot(tmp_path / "data")
+    episodes = read_episodes(data / "train")
+    results = {}
+    for mode, budget in (("memory", 2048), ("stream", 2048), ("stream", 0.01)):
+        cfg = tiny_config(
+            data,
+            tmp_path / f"{mode}-{budget}",
+            [f"tasks.mode={mode}", f"tasks.memory_budget_mb={budget}"],
+        )
+        results[mode, budget] = train(cfg, episodes, run_dir=tmp_path / f"{mode}-{budget}")
+
+    windows = results["stream", 0.01].tasks
+    assert (windows["mode"], windows["windows"]) == ("stream", 6)
+    assert results["stream", 2048].tasks["windows"] == 1
+    one_window = results["stream", 2048].learner_state["params"]
+    in_memory = results["memory", 2048].learner_state["params"]
+    for module, named in in_memory.items():
+        for name, tensor in named.items():
+            assert torch.equal(one_window[module][name], tensor), f"{module}/{name}"
+    assert (
+        results["stream", 0.01].history["query_loss"]
+        != results["memory", 2048].history["query_loss"]
     )
