@@ -320,10 +320,7 @@ class WindowTaskSource:
         return (
             pool_rows[order],
             pool_modules[order],
-            lambda index: {
-                name: _gather_two(first[name], second[name], index, self._pin_memory)
-                for name in first
-            },
+            lambda index: _gather_two(first, second, index, offset, self._pin_memory),
         )
 
     def _carry(self, window: TaskSamples, rows: np.ndarray, modules: np.ndarray) -> _Carry | None:
@@ -361,16 +358,25 @@ def _whole_rounds(carried: int, samples: int, step: int) -> int:
 
 
 def _gather_two(
-    first: np.ndarray, second: np.ndarray, index: np.ndarray, pin_memory: bool
-) -> torch.Tensor:
-    """Rows ``index`` of ``first`` and ``second`` stacked, without stacking them."""
-    out = torch.empty(
-        (*index.shape, *first.shape[1:]),
-        dtype=torch.from_numpy(first[:0]).dtype,
-        pin_memory=pin_memory,
-    )
-    view = out.numpy()
-    in_first = index < len(first)
-    view[in_first] = first[index[in_first]]
-    view[~in_first] = second[index[~in_first] - len(first)]
-    return out
+    first: dict[str, np.ndarray],
+    second: dict[str, np.ndarray],
+    index: np.ndarray,
+    offset: int,
+    pin_memory: bool,
+) -> dict[str, torch.Tensor]:
+    """Rows ``index`` of every column, indices below ``offset`` from ``first`` and the
+    others from ``second`` (from ``offset`` on), without stacking the two."""
+    in_first = index < offset
+    from_first, from_second = index[in_first], index[~in_first] - offset
+    tensors = {}
+    for name, array in first.items():
+        out = torch.empty(
+            (*index.shape, *array.shape[1:]),
+            dtype=torch.from_numpy(array[:0]).dtype,
+            pin_memory=pin_memory,
+        )
+        view = out.numpy()
+        view[in_first] = array[from_first]
+        view[~in_first] = second[name][from_second]
+        tensors[name] = out
+    return tensors

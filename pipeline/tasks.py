@@ -232,6 +232,8 @@ def sort_by_task(table: pa.Table) -> pa.Table:
     """``table`` sorted by (module, task, eps_id, t): an order that no file order changes."""
     ids = [name for name in ("module_id", "task_id") if name in table.column_names]
     keys = {name: _decoded(table.column(name)) for name in [*ids, "eps_id", "t"]}
+    if _in_order(list(keys.values())):
+        return table  # sorted on disk already (import and compact write it so): no copy
     order = pc.sort_indices(pa.table(keys), sort_keys=[(name, "ascending") for name in keys])
     return table.take(order)
 
@@ -298,6 +300,20 @@ def _read_sorted(
     if not parts:
         return pa.table({name: pa.array([], pa.int64()) for name in columns})
     return sort_by_task(pa.concat_tables(parts))
+
+
+def _in_order(keys: list[pa.ChunkedArray]) -> bool:
+    """Whether the rows are already sorted by ``keys`` (lexicographically, ascending)."""
+    if len(keys[0]) < 2:
+        return True
+    ordered = None
+    for key in reversed(keys):
+        later, earlier = key.slice(1), key.slice(0, len(key) - 1)
+        if ordered is None:
+            ordered = pc.greater_equal(later, earlier)
+        else:
+            ordered = pc.or_(pc.greater(later, earlier), pc.and_(pc.equal(later, earlier), ordered))
+    return pc.all(ordered).as_py()
 
 
 def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
