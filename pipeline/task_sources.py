@@ -69,8 +69,8 @@ class MetaBatches:
         self._per_deal = max(1, _DEAL_ROWS // (self.rows_per_batch * len(self.ranks)))
 
     def deals(self, take: Take, rows: np.ndarray, modules: np.ndarray, skip: int) -> Iterator[Deal]:
-        """Deals of the whole rounds in ``rows`` after the first ``skip``; ``take(column,
-        index)`` gathers rows into a tensor."""
+        """Deals of the whole rounds in ``rows`` after the first ``skip``; ``take`` gathers
+        the rows of every column."""
         steps = len(rows) // self.step
         for first in range(min(skip, steps), steps, self._per_deal):
             last = min(first + self._per_deal, steps)
@@ -174,8 +174,8 @@ class _Pool(NamedTuple):
     """How one window's samples are shared out in an epoch (sizes only)."""
 
     window: int
-    carried_in: int
     carried_out: int
+    """Samples of the window left for the next pool."""
     steps: int
     """Rounds of meta-batches the pool gives."""
 
@@ -283,7 +283,7 @@ class WindowTaskSource:
             else:
                 fresh = _whole_rounds(carried, samples, self._batches.step)
             steps = (carried + fresh) // self._batches.step
-            pools.append(_Pool(index, carried, samples - fresh, steps))
+            pools.append(_Pool(index, samples - fresh, steps))
             carried = samples - fresh
         return pools
 
