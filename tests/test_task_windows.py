@@ -153,6 +153,30 @@ def test_one_window_gives_exactly_the_in_memory_batches(tmp_path, ray_session, m
 
 
 @pytest.mark.timeout(120)
+def test_windows_read_other_layouts_as_the_in_memory_path_does(tmp_path, ray_session):
+    # Names from a column map, observations as fixed_size_list, int64 steps.
+    _write_sorted(tmp_path / "canonical", SIZES, files=1)
+    table = pq.read_table(tmp_path / "canonical" / "part-0.parquet")
+    obs = table.column("obs").combine_chunks().storage
+    table = table.set_column(table.schema.get_field_index("obs"), "state", obs)
+    table = table.set_column(1, "step", table.column("t").cast(pa.int64()))
+    table = table.rename_columns(["goal" if n == "task_id" else n for n in table.column_names])
+    (tmp_path / "other").mkdir()
+    pq.write_table(table, tmp_path / "other" / "part-0.parquet", row_group_size=16)
+    episodes = read_episodes(
+        tmp_path / "other", column_map={"obs": "state", "t": "step", "task_id": "goal"}
+    )
+    options = {"support": K, "query": Q, "columns": ["obs", "t", "rewards"]}
+    in_memory = task_samples(episodes, **options)
+    streamed = task_samples(episodes, mode="stream", memory_budget_mb=64, **options)
+
+    [expected], _, _ = _take(in_memory, 20, minibatch_size=4, seed=4)
+    [got], _, _ = _take(streamed, 20, minibatch_size=4, seed=4)
+    _assert_equal_batches(got, expected)
+    assert got[0]["query"][DEFAULT_MODULE_ID]["t"].dtype == torch.int32
+
+
+@pytest.mark.timeout(120)
 def test_an_epoch_of_windows_uses_each_transition_once_and_mixes_at_most_two_windows(windows):
     window_of = {task: i for i, w in enumerate(windows.windows) for task in w.task_ids}
     per_epoch = SAMPLES // 4
