@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -67,6 +67,19 @@ class TasksConfig(BaseModel):
         "the dataset.",
     )
     seed: int = Field(0, ge=0, description="Shuffle seed of the task streams (epoch e: seed + e).")
+    mode: Literal["auto", "memory", "stream"] = Field(
+        "auto",
+        description="memory: read the selected columns into memory once. stream: read windows "
+        "of whole tasks each epoch, holding about memory_budget_mb (needs data sorted by "
+        "task, as `offmeta data import` and `compact` write it). auto: stream when the "
+        "selected columns would take more than memory_budget_mb in memory.",
+    )
+    memory_budget_mb: float = Field(
+        2048.0,
+        gt=0,
+        description="Megabytes the training task samples may take in memory; above it, auto "
+        "mode streams them in windows sized to it.",
+    )
 
 
 class LearnersConfig(MetaConfig):

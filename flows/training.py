@@ -29,6 +29,7 @@ from pipeline.artifacts import ArtifactNotFoundError, ArtifactStore
 from pipeline.checkpoints import latest_checkpoint, save_checkpoint
 from pipeline.dataset import Episodes
 from pipeline.streams import split_for_learners
+from pipeline.task_windows import TaskWindows
 from pipeline.tasks import TaskSamples, task_samples
 
 _log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def train(
 
 def build_task_samples(
     cfg: MetaTrainConfig, data: Episodes, logger: logging.Logger | logging.LoggerAdapter
-) -> TaskSamples:
+) -> TaskSamples | TaskWindows:
     """The training task samples ``cfg.tasks`` asks for, summarised in the log (with a
     warning when tasks smaller than K + Q were left out)."""
     tasks = cfg.tasks
@@ -124,6 +125,8 @@ def build_task_samples(
         query=tasks.query,
         modules_to_update=cfg.learners.trained_modules,
         skip_small_tasks=tasks.skip_small_tasks,
+        mode=tasks.mode,
+        memory_budget_mb=tasks.memory_budget_mb,
     )
     logger.info("task samples: %s", samples.summary())
     if samples.skipped_tasks:
