@@ -5,6 +5,7 @@ stored beside it, the same bytes for the same data."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ from pipeline.batching import column_array
 from pipeline.dataset import read_episodes
 from pipeline.synthetic import PointRobotTasks, generate
 from tests.flow_runs import tiny_config
-from tests.published_pictures import png_size, standard_error
+from tests.published_pictures import PICTURES, png_size, standard_error
 
 ITERATIONS = list(range(30, 301, 30))
 
@@ -296,3 +297,12 @@ def test_offline_rl_rollouts_add_the_recorded_episodes_of_the_same_goals(
             assert episode["return"] == float(rewards.sum())
             label = "random" if episode["eps_id"] % 2 else "noisy"
             assert episode["behavior"] == label
+
+
+def test_the_readme_shows_the_three_pictures_of_a_run() -> None:
+    root = Path(__file__).resolve().parents[1]
+    linked = re.findall(r"^!\[[^\]]*\]\(([^)]+)\)$", (root / "README.md").read_text(), re.M)
+    assert linked == [f"bench/pictures/{p}.png" for p in PICTURES]
+    sizes = {Path(link).stem: png_size((root / link).read_bytes()) for link in linked}
+    assert sizes["adaptation"] == ADAPTATION_PX and sizes["rollouts"] == ROLLOUTS_PX
+    assert sizes["learning_curve"] == (CURVE_WIDTH_PX, CURVE_TITLE_PX + 2 * CURVE_PANEL_PX)
