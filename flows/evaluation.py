@@ -3,10 +3,11 @@
 Two measures, both on tasks the learner never trained on:
 
 - query loss after 0, 1, 5, 10 inner steps on each task's K support transitions
-  (``MetaLearner.evaluate``, the same inner rule as training);
+  (``MetaLearner.evaluate_tasks``, the same inner rule as training), kept per task;
 - for datasets whose generator has an environment (point_robot), the mean return of
   rollouts with each task's goal: the unadapted meta-policy, the policy adapted on that
-  task's support transitions, and the noise-free expert that generated the data.
+  task's support transitions, and the noise-free expert that generated the data; also
+  the few episodes ``rollouts.png`` draws (``flows.trajectories``).
 
 Each held-out task contributes exactly one sample of K support + Q query transitions,
 drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.

@@ -35,7 +35,9 @@ def publish(
     code_version: str | None,
     run_id: str | None = None,
 ) -> ArtifactRef:
-    """Publish the trained parameters with metrics, config, lineage and learning curve.
+    """Publish the trained parameters with metrics, config, lineage, learning curve and the
+    evaluation's pictures (``flows.pictures``; a warm-started run's adaptation curve shows
+    its parent's beside its own).
 
     Publishing again for the same ``run_id`` (the run directory's name: a retried task, a
     resumed run), or without one for the same ``flow_run_id``, returns the version the

@@ -124,6 +124,10 @@ def test_other_data_gives_other_bytes() -> None:
             "from 2 on",
         ),
         (
+            {"iteration": [10, 20]},
+            "history holds only 'iteration'; expected at least one metric beside it",
+        ),
+        (
             {"iteration": [10, 20, 30], "loss": [1.0, 0.5]},
             "history['loss'] has 2 values but history['iteration'] has 3; expected one value "
             "per recorded iteration",

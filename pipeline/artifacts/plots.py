@@ -56,6 +56,10 @@ def check_history(history: object) -> dict[str, list[float]]:
             _iterations(values) if metric == ITERATION else _finite_series(metric, values)
         )
     if ITERATION in checked:
+        if len(checked) == 1:
+            raise ArtifactError(
+                "history holds only 'iteration'; expected at least one metric beside it"
+            )
         expected = len(checked[ITERATION])
         for metric, values in checked.items():
             if len(values) != expected:
