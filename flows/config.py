@@ -104,6 +104,13 @@ class TrainingConfig(BaseModel):
 
     iterations: int = Field(1000, ge=1, description="Meta-steps (meta-batches) to train.")
     log_every: int = Field(100, ge=1, description="Iterations between progress lines.")
+    history_points: int = Field(
+        100,
+        ge=1,
+        description="Points of the learning curve (history.json, learning_curve.png) over the "
+        "run: recorded every ceil(iterations / history_points) iterations and after the last "
+        "one, whatever log_every is.",
+    )
     checkpoint_every: int = Field(
         250, ge=1, description="Iterations between checkpoints (and after the last one)."
     )
@@ -154,6 +161,11 @@ class TrainingConfig(BaseModel):
         if not _DEVICE.fullmatch(device):
             raise ValueError(f"expected cpu, cuda, cuda:N or mps, got {device!r}")
         return device
+
+    @property
+    def history_every(self) -> int:
+        """Iterations between two points of the learning curve (``history_points``)."""
+        return -(-self.iterations // self.history_points)
 
 
 class EvaluationConfig(BaseModel):

@@ -14,8 +14,9 @@ from flows.config import MetaTrainConfig
 from flows.consumer import learner_state_files
 from flows.datasets import Datasets
 from flows.evaluation import EvaluationReport
+from flows.pictures import picture_files
 from flows.train_state import TrainResult
-from pipeline.artifacts import ArtifactRef, ArtifactStore, Lineage
+from pipeline.artifacts import ArtifactNotFoundError, ArtifactRef, ArtifactStore, Lineage
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -30,7 +31,9 @@ def publish(
     code_version: str | None,
     run_id: str | None = None,
 ) -> ArtifactRef:
-    """Publish the trained parameters with metrics, config, lineage and learning curve.
+    """Publish the trained parameters with metrics, config, lineage, learning curve and the
+    evaluation's pictures (``flows.pictures``; a warm-started run's adaptation curve shows
+    its parent's beside its own).
 
     Publishing again for the same ``run_id`` (the run directory's name: a retried task, a
     resumed run), or without one for the same ``flow_run_id``, returns the version the
@@ -63,7 +66,9 @@ def publish(
         *learner_state_files(trained.learner_state),
         (EVALUATION_FILE, (json.dumps(report.to_dict(), indent=2) + "\n").encode()),
     ]
-    return ArtifactStore(cfg.artifacts.root).publish(
+    store = ArtifactStore(cfg.artifacts.root)
+    files += picture_files(cfg.artifacts.name, report, _parent_evaluation(store, trained.parent))
+    return store.publish(
         cfg.artifacts.name,
         trained.learner_state["params"],
         metrics=metrics,
@@ -73,6 +78,17 @@ def publish(
         files=files,
         idempotency_key=f"meta-train/{key}" if (key := run_id or flow_run_id) else None,
     )
+
+
+def _parent_evaluation(store: ArtifactStore, parent: str | None) -> tuple[str, Any] | None:
+    """``(parent, its evaluation.json)`` for ``adaptation.png``; None without a parent or
+    when the parent holds no evaluation (published by another tool)."""
+    if parent is None:
+        return None
+    try:
+        return parent, json.loads(store.read_file(parent, EVALUATION_FILE))
+    except ArtifactNotFoundError:
+        return None
 
 
 def prefect_artifact_keys(name: str) -> dict[str, str]:
@@ -142,7 +158,31 @@ def _markdown(
             "",
             *table,
             "",
-            "The learning curve (`learning_curve.png`, `history.json`) is stored with the "
-            f"version: `offmeta artifacts export {ref} DIR --root {store_root}`.",
+            "## Pictures",
+            "",
+            *_picture_lines(ref, store_root),
         ]
     )
+
+
+def _picture_lines(ref: ArtifactRef, store_root: str) -> list[str]:
+    """Markdown naming each stored picture, its data file and where the version keeps them."""
+    described = {
+        "learning_curve.png": "training losses, gradient norm and learned inner learning rates "
+        "by meta-iteration",
+        "adaptation.png": "held-out query loss against inner steps (and the parent's)",
+        "rollouts.png": "episodes of the unadapted, adapted and expert policies on four "
+        "held-out goals",
+    }
+    files = ArtifactStore(store_root).get(str(ref)).files
+    lines = [
+        f"- `{png}` ({text}; data: `{png.removesuffix('.png')}.json`)"
+        for png, text in described.items()
+        if png in files
+    ]
+    return [
+        *lines,
+        "",
+        f"They are files of `{ref}` in the artifact store `{store_root}`; write them out with "
+        f"`offmeta artifacts export {ref} DIR --root {store_root}`.",
+    ]

@@ -99,6 +99,7 @@ def train(
             stop=training.iterations,
             log_every=training.log_every,
             checkpoint_every=training.checkpoint_every,
+            history_every=training.history_every,
             history=history,
             on_log=progress,
             on_checkpoint=save,

@@ -21,6 +21,7 @@ from pipeline.artifacts import ArtifactStore
 from pipeline.schema import DatasetError
 from pipeline.synthetic import SinusoidTasks, generate
 from tests.flow_runs import tiny_config, tiny_point_robot
+from tests.published_pictures import check_published_pictures
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -42,13 +43,17 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
     assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000008", "ckpt-00000012"]
     assert trained.iterations == trained.weights_seq_no == 12
     assert trained.resumed_from is None and trained.parent is None
+    # history_points (100) exceeds the 12 iterations: a point after every one.
+    assert trained.history["iteration"] == list(range(1, 13))
     assert {name: len(values) for name, values in trained.history.items()} == {
-        "query_loss": 3,
-        "support_loss_before": 3,
-        "support_loss_after": 3,
-        "grad_norm": 3,
+        "iteration": 12,
+        "query_loss": 12,
+        "support_loss_before": 12,
+        "support_loss_after": 12,
+        "grad_norm": 12,
     }
     assert trained.final_metrics["query_loss"] == trained.history["query_loss"][-1]
+    assert "iteration" not in trained.final_metrics
 
     report = evaluate_learner.fn(cfg, trained, datasets)
     assert report.tasks == 4
@@ -74,6 +79,7 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
     assert {"history.json", "learning_curve.png", LEARNER_TENSORS, LEARNER_JSON} <= set(
         manifest.files
     )
+    check_published_pictures(store, ref, trained, report)
     # The attached learner state rebuilds the learner, learned state and all.
     rebuilt = load_learner(str(ref), root=cfg.artifacts.root)
     assert rebuilt.get_state()["optimizer"]["state"]
