@@ -9,6 +9,7 @@ observations and float actions as ``fixed_shape_tensor`` (so numpy batches are f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.metadata import check_metadata, check_task_ids, load_metadata
+from pipeline.parquet_files import map_files
 from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError, EpisodeSchema
 from pipeline.sources import METADATA_FILE, ResolvedSource, Source, resolve_source
 from pipeline.validation import build_schema, check_column_map, read_footers
@@ -42,6 +44,10 @@ class DatasetInfo:
     """sha256 hex digest of the files and ``dataset.json`` (see data/README.md)."""
     files: tuple[str, ...]
     """Sorted paths on ``filesystem``."""
+    file_sizes: tuple[int, ...]
+    """Bytes on disk of each of ``files``, as validated and fingerprinted."""
+    file_rows: tuple[int, ...]
+    """Rows of each of ``files``, from their footers."""
     num_rows: int
     num_episodes: int
     """Distinct ``eps_id`` values."""
@@ -103,11 +109,14 @@ def inspect_episodes(
     num_episodes, task_ids, module_ids = _count_ids(resolved, schema)
     if metadata is not None:
         check_task_ids(metadata, resolved, task_ids)
+    fingerprint, sizes = _fingerprint(resolved, metadata_bytes)
     return DatasetInfo(
         schema=schema,
         metadata=_json_document(metadata_bytes),
-        fingerprint=_fingerprint(resolved, metadata_bytes),
+        fingerprint=fingerprint,
         files=resolved.files,
+        file_sizes=sizes,
+        file_rows=tuple(rows_per_file[path] for path in resolved.files),
         num_rows=sum(rows_per_file.values()),
         num_episodes=num_episodes,
         task_ids=task_ids,
@@ -126,19 +135,14 @@ def read_episodes(
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
 
-    The Ray Dataset reads exactly the validated files, renames columns to their canonical
-    names and normalises types; it starts Ray (or joins the running session) on first use.
+    The Ray Dataset reads exactly the validated files, in groups of files per read task
+    (``pipeline.grouped_read``), renames columns to their canonical names and normalises
+    types; it starts Ray (or joins the running session) on first use.
     """
-    import ray.data
+    from pipeline.grouped_read import read_grouped
 
     info = inspect_episodes(source, column_map=column_map, filesystem=filesystem)
-    dataset = ray.data.read_parquet(
-        list(info.files),
-        filesystem=info.filesystem,
-        # Files are already chosen; Ray must neither drop nor add (hive partition) columns.
-        file_extensions=None,
-        partitioning=None,
-    )
+    dataset = read_grouped(info.files, info.file_sizes, info.file_rows, info.filesystem)
     fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
     return Episodes(**fields, dataset=to_canonical(info, dataset))
 
@@ -146,7 +150,7 @@ def read_episodes(
 def to_canonical(info: DatasetInfo, dataset: ray.data.Dataset) -> ray.data.Dataset:
     """``dataset``, a Ray read of ``info``'s validated files, with the canonical column
     names and types: the one place that renames and converts, for ``read_episodes`` and
-    for the streams' per-epoch reads."""
+    for the streams' per-epoch reads (``canonical_table`` does the same to one table)."""
     renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
     if renames:
         dataset = dataset.rename_columns(renames)
@@ -158,6 +162,15 @@ def to_canonical(info: DatasetInfo, dataset: ray.data.Dataset) -> ray.data.Datas
             zero_copy_batch=True,
         )
     return dataset
+
+
+def canonical_table(info: DatasetInfo, table: pa.Table) -> pa.Table:
+    """``table``, read from one of ``info``'s validated files, with the canonical column
+    names and types (as ``to_canonical`` gives them in a Ray Dataset)."""
+    renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
+    if renames:
+        table = table.rename_columns([renames.get(name, name) for name in table.column_names])
+    return _normalise_batch(table) if info.needs_normalising else table
 
 
 def _needs_normalising(types: Mapping[str, pa.DataType]) -> bool:
@@ -186,48 +199,67 @@ def _normalise_batch(batch: pa.Table) -> pa.Table:
 def _count_ids(
     resolved: ResolvedSource, schema: EpisodeSchema
 ) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
-    """Distinct episodes, tasks and modules, reading only those columns."""
+    """Distinct episodes, tasks and modules, reading only those columns (files by a few
+    threads, each reduced to its distinct values)."""
     canonical = ["eps_id"]
     canonical += ["task_id"] if schema.has_task_id else []
     canonical += ["module_id"] if schema.has_module_id else []
     on_disk = [schema.column_map.get(c, c) for c in canonical]
+    per_file = map_files(
+        functools.partial(_distinct_ids, resolved.filesystem, on_disk), resolved.files
+    )
     seen: dict[str, set[Any]] = {c: set() for c in canonical}
-    for path in resolved.files:
-        try:
-            with resolved.filesystem.open_input_file(path) as handle:
-                table = pq.ParquetFile(handle).read(columns=on_disk)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise DatasetError(
-                f"{path}: columns {', '.join(on_disk)} cannot be read ({_one_line(exc)}); expected "
-                "readable Parquet data behind a valid footer (is the file corrupted?)"
-            ) from None
-        for name, column in zip(canonical, table.columns, strict=True):
-            values = pc.unique(column)
-            if pa.types.is_dictionary(values.type):
-                values = values.dictionary_decode()
-            seen[name].update(values.to_pylist())
+    for distinct in per_file:
+        for name, values in zip(canonical, distinct, strict=True):
+            seen[name].update(values)
     tasks = tuple(sorted(seen["task_id"])) if schema.has_task_id else (DEFAULT_TASK_ID,)
     modules = tuple(sorted(seen["module_id"])) if schema.has_module_id else (DEFAULT_MODULE_ID,)
     return len(seen["eps_id"]), tasks, modules
 
 
-def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> str:
+def _distinct_ids(filesystem: pafs.FileSystem, on_disk: list[str], path: str) -> list[list[Any]]:
+    try:
+        with filesystem.open_input_file(path) as handle:
+            table = pq.ParquetFile(handle).read(columns=on_disk, use_threads=False)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(
+            f"{path}: columns {', '.join(on_disk)} cannot be read ({_one_line(exc)}); expected "
+            "readable Parquet data behind a valid footer (is the file corrupted?)"
+        ) from None
+    distinct = []
+    for column in table.columns:
+        values = pc.unique(column)
+        if pa.types.is_dictionary(values.type):
+            values = values.dictionary_decode()
+        distinct.append(values.to_pylist())
+    return distinct
+
+
+def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> tuple[str, tuple[int, ...]]:
     """sha256 over the sorted ``relative path, size, sha256 of the bytes`` lines of every
-    file, then ``dataset.json``'s bytes: any changed byte changes it, renames too."""
-    entries = []
-    for path in resolved.files:
-        digest, size = hashlib.sha256(), 0
-        with resolved.filesystem.open_input_stream(path) as stream:
-            while chunk := stream.read(_HASH_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-        entries.append((resolved.relative(path), size, digest.hexdigest()))
+    file, then ``dataset.json``'s bytes: any changed byte changes it, renames too. Also
+    each file's size, in the order of ``resolved.files``."""
+    hashed = map_files(functools.partial(_file_digest, resolved.filesystem), resolved.files)
+    entries = [
+        (resolved.relative(path), size, digest)
+        for path, (size, digest) in zip(resolved.files, hashed, strict=True)
+    ]
     total = hashlib.sha256()
     for relative, size, digest in sorted(entries):
         total.update(f"{relative}\t{size}\t{digest}\n".encode())
     if metadata_bytes:
         total.update(f"{METADATA_FILE}\t{len(metadata_bytes)}\t".encode() + metadata_bytes)
-    return total.hexdigest()
+    return total.hexdigest(), tuple(size for size, _ in hashed)
+
+
+def _file_digest(filesystem: pafs.FileSystem, path: str) -> tuple[int, str]:
+    """Size and sha256 hex digest of one file's bytes."""
+    digest, size = hashlib.sha256(), 0
+    with filesystem.open_input_stream(path) as stream:
+        while chunk := stream.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def _one_line(exc: Exception) -> str:
