@@ -82,8 +82,9 @@ def compact(
         data.mkdir()
         scratch.mkdir()
         keys = [key for key in SORT_KEYS if key != "task_id" or info.schema.has_task_id]
-        tables = _canonical_tables(info, keys)
-        ordered = sort_tables(tables, keys, run_bytes=memory_bytes, scratch=scratch)
+        ordered = sort_tables(
+            _canonical_tables(info), keys, run_bytes=memory_bytes, scratch=scratch
+        )
         names = _write_parts(ordered, data, file_bytes, row_group_rows)
         shutil.rmtree(scratch)
         write_metadata(data, _metadata(info, names))
@@ -126,18 +127,10 @@ def _refuse_output_inside_source(info: DatasetInfo, target: Path) -> None:
         )
 
 
-def _canonical_tables(info: DatasetInfo, keys: list[str]) -> Iterator[pa.Table]:
-    """The source's tables in canonical names and types, refusing nulls in sort keys."""
-    for path, table in read_files(info.files, info.file_sizes, info.filesystem):
-        table = canonical_table(info, table)
-        for key in keys:
-            nulls = table.column(key).null_count
-            if nulls:
-                raise DatasetError(
-                    f"{path}: column {key!r} holds {nulls} null value(s); expected none "
-                    f"(compact sorts rows by {', '.join(keys)}). Fix: drop or fill those rows"
-                )
-        yield table
+def _canonical_tables(info: DatasetInfo) -> Iterator[pa.Table]:
+    """The source's tables, file by file, in canonical names and types."""
+    for part in read_files(info.files, info.file_sizes, info.filesystem):
+        yield canonical_table(info, part.table)
 
 
 def _write_parts(

@@ -9,8 +9,9 @@ larger file is a task of its own. A task reads its files in order with at most
 ``READ_THREADS`` threads and hands Ray blocks of about the context's
 ``target_max_block_size``, each column one contiguous chunk.
 
-Rows come out in the order of ``files`` whatever the grouping: streams rely on it for
-exact resume.
+A task hands out its files' rows in the order of ``files``, so an execution that
+preserves order (streams set ``preserve_order``, for exact resume) gives the rows of
+``files`` in that order whatever the grouping.
 """
 
 from __future__ import annotations

@@ -136,6 +136,6 @@ def _row_groups(
 def _unreadable(path: str, exc: Exception) -> DatasetError:
     reason = " ".join(str(exc).split())
     return DatasetError(
-        f"{path}: cannot be read ({reason}); expected the Parquet file that was validated "
-        "(was it changed after validation? read the dataset again)"
+        f"{path}: cannot be read ({reason}); expected readable Parquet data (validation "
+        "reads footers and id columns only: was the file changed since, or is it corrupted?)"
     )
