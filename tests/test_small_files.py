@@ -106,7 +106,7 @@ def test_read_tasks_hold_groups_of_files_with_their_rows(tiny):
 
 
 def test_grouped_read_gives_the_rows_of_a_read_per_file_in_file_order(tiny, ray_session):
-    files = tiny[:300]
+    files = tiny[:60]
     sizes, rows = _sizes(files), [1] * len(files)
     per_file = pa.concat_tables([pq.read_table(f) for f in files])
     fs = pafs.LocalFileSystem()
@@ -120,7 +120,7 @@ def test_grouped_read_gives_the_rows_of_a_read_per_file_in_file_order(tiny, ray_
 
     order = np.random.default_rng(3).permutation(len(files))
     shuffled = _ordered(
-        read_grouped([files[i] for i in order], [sizes[i] for i in order], rows, fs, max_files=16)
+        read_grouped([files[i] for i in order], [sizes[i] for i in order], rows, fs, max_files=8)
     )
     assert _rewards(shuffled) == order.astype(float).tolist()
     assert _rewards(shuffled.select_columns(["rewards"])) == order.astype(float).tolist()
