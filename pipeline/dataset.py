@@ -30,7 +30,7 @@ from pipeline.validation import build_schema, check_column_map, read_footers
 if TYPE_CHECKING:
     import ray.data
 
-_HASH_CHUNK = 8 << 20
+_HASH_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -217,21 +217,25 @@ def _count_ids(
     return len(seen["eps_id"]), tasks, modules
 
 
-def _distinct_ids(filesystem: pafs.FileSystem, on_disk: list[str], path: str) -> list[list[Any]]:
+def _distinct_ids(filesystem: pafs.FileSystem, on_disk: list[str], path: str) -> list[set[Any]]:
+    """The distinct values of each id column of one file, a row group at a time (so that
+    the threads reading files at once hold a row group each, not a file)."""
+    distinct: list[set[Any]] = [set() for _ in on_disk]
     try:
         with filesystem.open_input_file(path) as handle:
-            table = pq.ParquetFile(handle).read(columns=on_disk, use_threads=False)
+            parquet = pq.ParquetFile(handle)
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group, columns=on_disk, use_threads=False)
+                for seen, column in zip(distinct, table.columns, strict=True):
+                    values = pc.unique(column)
+                    if pa.types.is_dictionary(values.type):
+                        values = values.dictionary_decode()
+                    seen.update(values.to_pylist())
     except (pa.ArrowInvalid, OSError) as exc:
         raise DatasetError(
             f"{path}: columns {', '.join(on_disk)} cannot be read ({_one_line(exc)}); expected "
             "readable Parquet data behind a valid footer (is the file corrupted?)"
         ) from None
-    distinct = []
-    for column in table.columns:
-        values = pc.unique(column)
-        if pa.types.is_dictionary(values.type):
-            values = values.dictionary_decode()
-        distinct.append(values.to_pylist())
     return distinct
 
 

@@ -45,11 +45,13 @@ from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, EpisodeSchema
 # The driver maps every block it reads, so its memory follows the blocks in flight: small
 # blocks and windows of files read one ahead keep a streamed epoch flat (Ray's defaults,
 # 128 MiB blocks and a budget of a fraction of the object store, let it grow with the
-# dataset). A window is cut by size on disk, and read by tasks of half a window, so that
-# a window of large files still reads on two cores.
+# dataset). A window is cut by size on disk and read by tasks of at most 16 MiB of files (or
+# 1,024 small files, see pipeline.grouped_read): larger tasks run further ahead of the
+# consumer, and with 64 MiB tasks the driver's peak RSS streaming 2M rows from 16 MB files
+# was 5% higher (2-core machine).
 _STREAM_BLOCK_BYTES = 16 << 20
 _WINDOW_BYTES = 128 << 20
-_STREAM_TASK_BYTES = _WINDOW_BYTES // 2
+_STREAM_TASK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ MAX_FILES_PER_TASK = 1024
 enough that 20,000 files still make 20 tasks for the cores to share."""
 
 _DEFAULT_BLOCK_BYTES = 128 << 20
+_FEW_CHUNKS = 16
 
 
 def read_grouped(
@@ -134,22 +135,24 @@ def _read_task(
     columns: Sequence[str] | None,
     block_bytes: int,
 ) -> Iterator[pa.Table]:
-    """One read task: the group's tables joined into blocks of about ``block_bytes``, each
-    column one contiguous chunk (a thousand one-row chunks would make every later slice
-    and take walk a thousand pieces)."""
+    """One read task: the group's tables joined into blocks of at most ``block_bytes`` (a
+    larger table is a block of its own). Blocks never grow past the context's size: the
+    driver maps every block a stream reads, so its memory follows their size."""
     held: list[pa.Table] = []
     held_bytes = 0
     for part in read_files(files, sizes, filesystem, columns):
-        held.append(part.table)
-        held_bytes += part.table.nbytes
-        if held_bytes >= block_bytes:
+        if held and held_bytes + part.table.nbytes > block_bytes:
             yield _joined(held)
             held, held_bytes = [], 0
+        held.append(part.table)
+        held_bytes += part.table.nbytes
     if held:
         yield _joined(held)
 
 
 def _joined(tables: list[pa.Table]) -> pa.Table:
-    if len(tables) == 1:
-        return tables[0]
-    return pa.concat_tables(tables).combine_chunks()
+    """The tables as one; copied into one chunk per column when they are many (small
+    files): a thousand one-row chunks would make every later slice and take walk a
+    thousand pieces, while a few row groups' chunks cost nothing to keep."""
+    joined = pa.concat_tables(tables)
+    return joined.combine_chunks() if len(tables) > _FEW_CHUNKS else joined

@@ -22,9 +22,13 @@ READ_THREADS = 4
 
 _T = TypeVar("_T")
 
-_WHOLE_FILE_BYTES = 16 << 20
-"""Files up to this size are read whole by the pool, at most ``2 * threads`` of them
-ahead; larger ones row group by row group on the consumer's thread."""
+_WHOLE_FILE_BYTES = 4 << 20
+"""Files up to this size on disk are read whole by the pool, ahead of the consumer;
+larger ones row group by row group on the consumer's thread (their opens are a small part
+of their reads)."""
+_AHEAD_BYTES = 8 << 20
+"""At most this many bytes on disk are read ahead (and at most ``2 * threads`` files), so a
+read holds a few times this in memory whatever the files' sizes."""
 
 
 class FilePart(NamedTuple):
@@ -86,27 +90,32 @@ def read_files(
     threads: int = READ_THREADS,
 ) -> Iterator[FilePart]:
     """The tables of ``files`` in order: a small file as one table, read by a pool of
-    ``threads`` up to ``2 * threads`` files ahead; a large file one row group at a time,
-    so memory holds at most ``2 * threads`` small files and one row group.
+    ``threads`` up to ``2 * threads`` files (and ``_AHEAD_BYTES`` on disk) ahead; a large
+    file one row group at a time.
 
     Raises ``DatasetError`` naming a file that cannot be read. Closing the generator
     cancels the reads not yet started and waits for the running ones.
     """
     read_columns = list(columns) if columns is not None else None
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="offmeta-read")
-    ahead: deque[Future[FilePart]] = deque()
+    ahead: deque[tuple[int, Future[FilePart]]] = deque()
+    ahead_bytes = 0
     try:
         for path, size in zip(files, sizes, strict=True):
             if size > _WHOLE_FILE_BYTES:
                 while ahead:
-                    yield ahead.popleft().result()
+                    yield ahead.popleft()[1].result()
+                ahead_bytes = 0
                 yield from _row_groups(path, filesystem, read_columns)
                 continue
-            ahead.append(pool.submit(_whole_file, path, filesystem, read_columns))
-            if len(ahead) >= 2 * threads:
-                yield ahead.popleft().result()
+            ahead.append((size, pool.submit(_whole_file, path, filesystem, read_columns)))
+            ahead_bytes += size
+            while len(ahead) >= 2 * threads or (len(ahead) > 1 and ahead_bytes > _AHEAD_BYTES):
+                done, part = ahead.popleft()
+                ahead_bytes -= done
+                yield part.result()
         while ahead:
-            yield ahead.popleft().result()
+            yield ahead.popleft()[1].result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
