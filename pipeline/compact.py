@@ -92,7 +92,8 @@ def compact(
         if (written.num_rows, written.num_episodes) != (info.num_rows, info.num_episodes):
             raise RuntimeError(
                 f"compact wrote {written.num_rows} rows in {written.num_episodes} episodes "
-                f"from {info.num_rows} rows in {info.num_episodes}: nothing was kept"
+                f"from {info.num_rows} rows in {info.num_episodes}; expected all of them "
+                f"(a bug in compact: nothing was written to {target})"
             )
         data.rename(target)
     finally:
@@ -157,27 +158,31 @@ def _write_parts(
     rows = 0
     held: list[pa.Table] = []
     held_rows = 0
-    for table in tables:
-        rows = rows or _group_rows(table, row_group_rows)
-        held.append(table)
-        held_rows += table.num_rows
-        if held_rows < rows:
-            continue
-        joined = pa.concat_tables(held)
-        start = 0
-        while joined.num_rows - start >= rows:
-            write(joined.slice(start, rows))
-            start += rows
-        held, held_rows = [joined.slice(start)], joined.num_rows - start
-    if held_rows:
-        write(pa.concat_tables(held))
-    if writer is not None and sink is not None:
-        writer.close()
-        sink.close()
+    try:
+        for table in tables:
+            rows = rows or _group_rows(table, row_group_rows)
+            held.append(table)
+            held_rows += table.num_rows
+            if held_rows < rows:
+                continue
+            joined = pa.concat_tables(held)
+            start = 0
+            while joined.num_rows - start >= rows:
+                write(joined.slice(start, rows))
+                start += rows
+            held, held_rows = [joined.slice(start)], joined.num_rows - start
+        if held_rows:
+            write(pa.concat_tables(held))
+    finally:
+        if writer is not None and sink is not None:
+            writer.close()
+            sink.close()
     return names
 
 
 def _group_rows(table: pa.Table, row_group_rows: int) -> int:
+    """``row_group_rows``, or fewer when rows are so wide that a row group would pass
+    ``_ROW_GROUP_BYTES`` in memory (judged from the first table)."""
     per_row = max(1, table.nbytes // max(1, table.num_rows))
     return max(1, min(row_group_rows, _ROW_GROUP_BYTES // per_row))
 

@@ -2,12 +2,12 @@
 
 Ray's Parquet readers spend a read task per file (or plan each file with footer-reader
 actors), which collapses on small files: measured here, 2,000 one-row files streamed at
-64 rows/s, and 20,000 did not finish ``count()`` in 600 s while one process held ~4,355
-threads. Here consecutive files form one read task until it holds ``TARGET_TASK_BYTES``
+64 rows/s, and 20,000 did not finish ``count()`` in 600 s while one read task spawned
+~4,355 threads. Here consecutive files form one read task until it holds ``TARGET_TASK_BYTES``
 on disk or ``MAX_FILES_PER_TASK`` files (``pipeline.parquet_files.group_files``); a
 larger file is a task of its own. A task reads its files in order with at most
-``READ_THREADS`` threads and hands Ray blocks of about the context's
-``target_max_block_size``, each column one contiguous chunk.
+``READ_THREADS`` threads (``pipeline.parquet_files.read_files``) and hands Ray blocks of at
+most the context's ``target_max_block_size``.
 
 A task hands out its files' rows in the order of ``files``, so an execution that
 preserves order (streams set ``preserve_order``, for exact resume) gives the rows of
@@ -30,8 +30,8 @@ from pipeline.parquet_files import group_files, read_files
 TARGET_TASK_BYTES = 128 << 20
 """Parquet bytes on disk per read task."""
 MAX_FILES_PER_TASK = 1024
-"""Files per read task. Opening a small file costs ~0.3 ms here whatever its size, so
-1,024 of them are ~0.3 s of a task: long against Ray's few milliseconds per task, short
+"""Files per read task. Reading a small file costs 0.5-1 ms here whatever its size, so
+1,024 of them are 0.5-1 s of a task: long against Ray's few milliseconds per task, short
 enough that 20,000 files still make 20 tasks for the cores to share."""
 
 _DEFAULT_BLOCK_BYTES = 128 << 20
