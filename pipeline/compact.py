@@ -3,38 +3,32 @@ compact``.
 
 Many small files cost a file open and a footer each, whatever their size; a stream reads
 ~128 MiB files with row groups of 64K rows at the speed of one file. ``compact``
-validates the source (every check ``read_episodes`` runs), reads it file by file, sorts
-it with bounded memory (``pipeline.external_sort``), writes ``part-NNNNN.parquet`` files
-with canonical names and types, and carries ``dataset.json`` over with the source's
-fingerprint in ``compacted_from``. Everything is written in a hidden directory beside
-``out``, validated there, and renamed to ``out`` at the end: a refused or failed run
-leaves nothing behind.
+validates the source (every check ``read_episodes`` runs), reads it file by file in
+canonical names and types, sorts it with bounded memory (``pipeline.external_sort``), and
+writes it as the importers do (``pipeline.dataset_writer``: ``part-NNNNN.parquet`` files,
+staged in a hidden directory beside ``out``, validated, renamed to ``out`` at the end, so a
+refused or failed run leaves nothing behind), with ``dataset.json`` carried over and the
+source's fingerprint in ``compacted_from``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import shutil
 import statistics
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from pipeline.dataset import DatasetInfo, canonical_table, inspect_episodes
+from pipeline.dataset_writer import FILE_BYTES, ROW_GROUP_ROWS, DatasetWriter
 from pipeline.external_sort import sort_tables
-from pipeline.metadata import CompactedFrom, DatasetMetadata, write_metadata
+from pipeline.metadata import CompactedFrom, DatasetMetadata
 from pipeline.parquet_files import read_files
 from pipeline.schema import DatasetError
 from pipeline.sources import Source
 
-FILE_BYTES = 128 << 20
-"""Target size of an output file on disk (a file ends after the row group that reaches it)."""
-ROW_GROUP_ROWS = 65_536
 MEMORY_BYTES = 512 << 20
 """Rows held in memory at once while sorting (see ``pipeline.external_sort``)."""
 SORT_KEYS = ("task_id", "eps_id", "t")
@@ -44,9 +38,6 @@ MANY_FILES = 100
 """``validate`` suggests ``compact`` for more than ``MANY_FILES`` files whose median size is
 below ``SMALL_FILE_BYTES``: each file costs ~0.5 ms to open whatever its size, as much as
 reading ~175 KB here, so below 1 MiB the opens take a sizeable share of a read."""
-
-_ROW_GROUP_BYTES = 128 << 20
-"""A row group also ends at this many bytes in memory (wide rows: images)."""
 
 
 def compact(
@@ -76,30 +67,21 @@ def compact(
         )
     info = inspect_episodes(source, column_map=column_map, filesystem=filesystem)
     _refuse_output_inside_source(info, target)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.compact-", dir=target.parent))
-    try:
-        data, scratch = work / "data", work / "runs"
-        data.mkdir()
-        scratch.mkdir()
-        keys = [key for key in SORT_KEYS if key != "task_id" or info.schema.has_task_id]
-        ordered = sort_tables(
-            _canonical_tables(info), keys, run_bytes=memory_bytes, scratch=scratch
-        )
-        names = _write_parts(ordered, data, file_bytes, row_group_rows)
-        shutil.rmtree(scratch)
-        write_metadata(data, _metadata(info, names))
-        written = inspect_episodes(data)
+    keys = [key for key in SORT_KEYS if key != "task_id" or info.schema.has_task_id]
+    with DatasetWriter(
+        target, purpose="compact", row_group_rows=row_group_rows, file_bytes=file_bytes
+    ) as writer:
+        tables = _canonical_tables(info)
+        for table in sort_tables(tables, keys, run_bytes=memory_bytes, scratch=writer.scratch):
+            writer.write(table)
+        written = writer.finish(_metadata(info))
         if (written.num_rows, written.num_episodes) != (info.num_rows, info.num_episodes):
             raise RuntimeError(
                 f"compact wrote {written.num_rows} rows in {written.num_episodes} episodes "
                 f"from {info.num_rows} rows in {info.num_episodes}; expected all of them "
                 f"(a bug in compact: nothing was written to {target})"
             )
-        data.rename(target)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    moved = tuple(str(target / Path(path).name) for path in written.files)
-    return dataclasses.replace(written, root=str(target), files=moved)
+        return writer.publish()
 
 
 def small_files_warning(info: DatasetInfo) -> str | None:
@@ -134,68 +116,13 @@ def _canonical_tables(info: DatasetInfo) -> Iterator[pa.Table]:
         yield canonical_table(info, part.table)
 
 
-def _write_parts(
-    tables: Iterable[pa.Table], directory: Path, file_bytes: int, row_group_rows: int
-) -> list[str]:
-    """Write ``tables`` in order as row groups of ``row_group_rows`` rows (or
-    ``_ROW_GROUP_BYTES``) into ``part-NNNNN.parquet`` files of about ``file_bytes``."""
-    names: list[str] = []
-    writer: pq.ParquetWriter | None = None
-    sink: pa.NativeFile | None = None
-
-    def write(group: pa.Table) -> None:
-        nonlocal writer, sink
-        if writer is None or sink is None:
-            names.append(f"part-{len(names):05d}.parquet")
-            sink = pa.OSFile(str(directory / names[-1]), "wb")
-            writer = pq.ParquetWriter(sink, group.schema, compression="zstd")
-        writer.write_table(group, row_group_size=group.num_rows)
-        if sink.tell() >= file_bytes:
-            writer.close()
-            sink.close()
-            writer = sink = None
-
-    rows = 0
-    held: list[pa.Table] = []
-    held_rows = 0
-    try:
-        for table in tables:
-            rows = rows or _group_rows(table, row_group_rows)
-            held.append(table)
-            held_rows += table.num_rows
-            if held_rows < rows:
-                continue
-            joined = pa.concat_tables(held)
-            start = 0
-            while joined.num_rows - start >= rows:
-                write(joined.slice(start, rows))
-                start += rows
-            held, held_rows = [joined.slice(start)], joined.num_rows - start
-        if held_rows:
-            write(pa.concat_tables(held))
-    finally:
-        if writer is not None and sink is not None:
-            writer.close()
-            sink.close()
-    return names
-
-
-def _group_rows(table: pa.Table, row_group_rows: int) -> int:
-    """``row_group_rows``, or fewer when rows are so wide that a row group would pass
-    ``_ROW_GROUP_BYTES`` in memory (judged from the first table)."""
-    per_row = max(1, table.nbytes // max(1, table.num_rows))
-    return max(1, min(row_group_rows, _ROW_GROUP_BYTES // per_row))
-
-
-def _metadata(info: DatasetInfo, names: list[str]) -> DatasetMetadata:
+def _metadata(info: DatasetInfo) -> DatasetMetadata:
     if info.metadata:
         metadata = DatasetMetadata.model_validate(info.metadata)
     else:
         metadata = DatasetMetadata(id=Path(info.root).name or "dataset")
     return metadata.model_copy(
         update={
-            "num_rows": info.num_rows,
-            "files": names,
-            "compacted_from": CompactedFrom(fingerprint=info.fingerprint, files=len(info.files)),
+            "compacted_from": CompactedFrom(fingerprint=info.fingerprint, files=len(info.files))
         }
     )

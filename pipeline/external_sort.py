@@ -2,18 +2,21 @@
 
 1. Runs: tables are gathered until they hold ``run_bytes`` in memory, sorted (stably),
    and written to a scratch Parquet file in ``GROUPS_PER_RUN`` row groups; the key of
-   each row group's first and last row is kept. Data that fits in one run is sorted in
-   memory and never written.
+   each row group's first row is kept. Data that fits in one run is sorted in memory and
+   never written.
 2. Merge by key ranges: the first keys of all row groups of all runs, sorted, cut the key
    space into ranges. A range holds rows of at most one row group per run (the start of
    any other row group would be a boundary inside it), so the merge holds at most one row
    group per run, takes each run's rows of the range (found by binary search: runs are
    sorted), and sorts only those rows.
+3. Passes: more than ``GROUPS_PER_RUN`` runs are first merged ``GROUPS_PER_RUN`` at a time
+   into longer runs (row groups of the same size, their inputs removed), until at most
+   ``GROUPS_PER_RUN`` are left, so a merge never holds more than that many row groups.
 
 Ties keep input order: a row's full key is its key columns, then its run, then its
-position in the run, which makes every key distinct and every boundary exact. Memory:
-about ``2 * run_bytes`` while a run is sorted, and ``max(1, runs / GROUPS_PER_RUN) *
-run_bytes`` while merging.
+position in the run, which makes every key distinct and every boundary exact (a pass merges
+consecutive runs, so run order stays input order). Memory: about ``2 * run_bytes`` while a
+run is sorted, about ``run_bytes`` while merging, whatever the number of rows.
 """
 
 from __future__ import annotations
@@ -28,36 +31,56 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 GROUPS_PER_RUN = 64
-"""Row groups per run file: the merge holds one of them per run."""
+"""Row groups per run file, and runs per merge: a merge holds one row group per run."""
 
 
 def sort_tables(
     tables: Iterable[pa.Table], keys: Sequence[str], *, run_bytes: int, scratch: Path
 ) -> Iterator[pa.Table]:
-    """``tables`` (one schema) as a sequence of tables sorted ascending by ``keys``, ties in
-    input order. Key columns must hold no nulls; dictionary columns sort by their values.
-    Run files are written in ``scratch`` (an existing directory the caller removes)."""
+    """``tables`` as a sequence of tables sorted ascending by ``keys``, ties in input order.
+
+    Input schemas may differ where pyarrow's permissive promotion unifies them (a column
+    missing from some tables is null there); every table out has the unified schema. Key
+    columns must hold no nulls; dictionary columns sort by their values. Run files are
+    written in ``scratch`` (an existing directory the caller removes). Nothing is yielded
+    before every input table is read.
+    """
     held: list[pa.Table] = []
     held_bytes = 0
+    schemas: list[pa.Schema] = []
     runs: list[_Run] = []
     for table in tables:
+        if not any(table.schema.equals(known) for known in schemas):
+            schemas.append(table.schema)
         held.append(table)
         held_bytes += table.nbytes
         if held_bytes >= run_bytes:
             runs.append(_write_run(_sorted(_concat(held), keys), keys, scratch, len(runs)))
             held, held_bytes = [], 0
+    if not schemas:
+        return
+    schema = pa.unify_schemas(schemas, promote_options="permissive")
     if not runs:
-        if held:
-            yield _sorted(_concat(held), keys)
+        yield _sorted(_conformed(_concat(held), schema), keys)
         return
     if held:
         runs.append(_write_run(_sorted(_concat(held), keys), keys, scratch, len(runs)))
-    yield from _merge(runs, keys)
+    depth = 0
+    while len(runs) > GROUPS_PER_RUN:
+        depth += 1
+        runs = [
+            _merge_to_run(runs[start : start + GROUPS_PER_RUN], keys, schema, scratch, depth)
+            for start in range(0, len(runs), GROUPS_PER_RUN)
+        ]
+    yield from _merge(runs, keys, schema)
 
 
 @dataclass(frozen=True)
 class _Run:
     path: Path
+    index: int
+    """Position among the runs of its pass: the tie-breaker after the key columns."""
+    group_rows: int
     offsets: list[int]
     """Position in the run of each row group's first row."""
     first_keys: list[tuple[Any, ...]]
@@ -95,16 +118,58 @@ class _Loaded:
 
 def _write_run(table: pa.Table, keys: Sequence[str], scratch: Path, index: int) -> _Run:
     path = scratch / f"run-{index:05d}.parquet"
-    rows_per_group = max(1, -(-table.num_rows // GROUPS_PER_RUN))
+    group_rows = max(1, -(-table.num_rows // GROUPS_PER_RUN))
     # Scratch data is read once, right away: fast compression beats small files.
-    pq.write_table(table, path, row_group_size=rows_per_group, compression="lz4")
-    offsets = list(range(0, table.num_rows, rows_per_group))
+    pq.write_table(table, path, row_group_size=group_rows, compression="lz4")
+    offsets = list(range(0, table.num_rows, group_rows))
+    return _Run(path, index, group_rows, offsets, _first_keys(table, keys, index, offsets))
+
+
+def _merge_to_run(
+    runs: list[_Run], keys: Sequence[str], schema: pa.Schema, scratch: Path, depth: int
+) -> _Run:
+    """``runs`` merged into one run of row groups as large as their largest; they are removed."""
+    index = runs[0].index // GROUPS_PER_RUN
+    path = scratch / f"merged-{depth}-{index:05d}.parquet"
+    group_rows = max(run.group_rows for run in runs)
+    offsets: list[int] = []
+    first_keys: list[tuple[Any, ...]] = []
+    held: list[pa.Table] = []
+    held_rows = 0
+    with pq.ParquetWriter(path, schema, compression="lz4") as writer:
+
+        def write(group: pa.Table) -> None:
+            offset = offsets[-1] + group_rows if offsets else 0
+            offsets.append(offset)
+            first_keys.extend(_first_keys(group, keys, index, [0], shift=offset))
+            writer.write_table(group, row_group_size=group.num_rows)
+
+        for table in _merge(runs, keys, schema):
+            held.append(table)
+            held_rows += table.num_rows
+            if held_rows < group_rows:
+                continue
+            joined = _concat(held)
+            start = 0
+            while joined.num_rows - start >= group_rows:
+                write(joined.slice(start, group_rows))
+                start += group_rows
+            held, held_rows = [joined.slice(start)], joined.num_rows - start
+        if held_rows:
+            write(_concat(held))
+    for run in runs:
+        run.path.unlink()
+    return _Run(path, index, group_rows, offsets, first_keys)
+
+
+def _first_keys(
+    table: pa.Table, keys: Sequence[str], index: int, rows: list[int], *, shift: int = 0
+) -> list[tuple[Any, ...]]:
     columns = [table.column(name) for name in keys]
-    first_keys = [(*(c[at].as_py() for c in columns), index, at) for at in offsets]
-    return _Run(path, offsets, first_keys)
+    return [(*(c[row].as_py() for c in columns), index, shift + row) for row in rows]
 
 
-def _merge(runs: list[_Run], keys: Sequence[str]) -> Iterator[pa.Table]:
+def _merge(runs: list[_Run], keys: Sequence[str], schema: pa.Schema) -> Iterator[pa.Table]:
     boundaries = sorted(
         (key, run, group)
         for run, spec in enumerate(runs)
@@ -117,9 +182,12 @@ def _merge(runs: list[_Run], keys: Sequence[str]) -> Iterator[pa.Table]:
             upper = boundaries[position + 1][0] if position + 1 < len(boundaries) else None
             # Every row of the run's previous row group is below this boundary: handed out.
             assert loaded[run] is None, f"run {run}: row group {group - 1} not fully merged"
-            table = files[run].read_row_group(group)
+            table = _conformed(files[run].read_row_group(group), schema)
             loaded[run] = _Loaded(
-                run, runs[run].offsets[group], table, columns=[table.column(k) for k in keys]
+                runs[run].index,
+                runs[run].offsets[group],
+                table,
+                columns=[table.column(k) for k in keys],
             )
             pieces = []
             for index, current in enumerate(loaded):
@@ -153,5 +221,21 @@ def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return column
 
 
+def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns, in its order and types (missing: null)."""
+    if table.schema.equals(schema):
+        return table
+    columns = []
+    for target in schema:
+        if target.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, target.type))
+            continue
+        column = table.column(target.name)
+        columns.append(column if column.type == target.type else column.cast(target.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 def _concat(tables: list[pa.Table]) -> pa.Table:
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="permissive")

@@ -113,18 +113,52 @@ def test_sorting_in_runs_on_disk_gives_the_in_memory_result(tmp_path):
     assert len(list((tmp_path / "runs").glob("*.parquet"))) == 1
 
 
-def test_external_sort_keeps_ties_in_input_order_across_runs(tmp_path):
-    rng = np.random.default_rng(1)
-    tables = [
-        pa.table({"k": rng.integers(0, 5, 50), "seq": np.arange(i * 50, (i + 1) * 50)})
-        for i in range(8)
+def _numbered_tables(count: int, rows: int, seed: int) -> list[pa.Table]:
+    """``count`` tables of ``rows`` rows: keys ``k`` in 0..4 (many ties), ``seq`` the input
+    position."""
+    rng = np.random.default_rng(seed)
+    return [
+        pa.table({"k": rng.integers(0, 5, rows), "seq": np.arange(i * rows, (i + 1) * rows)})
+        for i in range(count)
     ]
-    merged = pa.concat_tables(sort_tables(tables, ["k"], run_bytes=1000, scratch=tmp_path))
 
-    assert len(list(tmp_path.glob("run-*.parquet"))) > 1
+
+def _assert_sorted_with_ties_in_input_order(merged: pa.Table, tables: list[pa.Table]) -> None:
     whole = pa.concat_tables(tables)
     expected = np.lexsort((whole.column("seq").to_numpy(), whole.column("k").to_numpy()))
     assert merged.column("seq").to_pylist() == whole.column("seq").to_numpy()[expected].tolist()
+
+
+def test_external_sort_keeps_ties_in_input_order_across_runs(tmp_path):
+    tables = _numbered_tables(8, 50, seed=1)
+    merged = pa.concat_tables(sort_tables(tables, ["k"], run_bytes=1000, scratch=tmp_path))
+
+    assert len(list(tmp_path.glob("run-*.parquet"))) > 1
+    _assert_sorted_with_ties_in_input_order(merged, tables)
+
+
+def test_external_sort_merges_many_runs_in_passes_keeping_ties_in_input_order(tmp_path):
+    tables = _numbered_tables(150, 10, seed=2)
+    merged = pa.concat_tables(sort_tables(tables, ["k"], run_bytes=1, scratch=tmp_path))
+
+    # 150 runs are more than one merge takes (64): merged into 3 longer runs, inputs removed.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"merged-1-{i:05d}.parquet" for i in range(3)
+    ]
+    _assert_sorted_with_ties_in_input_order(merged, tables)
+
+
+@pytest.mark.parametrize("run_bytes", [1, 1 << 20], ids=["runs", "in-memory"])
+def test_external_sort_unifies_schemas_and_fills_missing_columns_with_nulls(tmp_path, run_bytes):
+    tables = [
+        pa.table({"k": [3, 1], "x": pa.array([1, 2], pa.int32())}),
+        pa.table({"k": [2, 0]}),
+        pa.table({"k": [4], "x": pa.array([5], pa.int64())}),
+    ]
+    out = list(sort_tables(tables, ["k"], run_bytes=run_bytes, scratch=tmp_path))
+
+    assert {table.schema for table in out} == {pa.schema({"k": pa.int64(), "x": pa.int64()})}
+    assert pa.concat_tables(out).to_pydict() == {"k": [0, 1, 2, 3, 4], "x": [None, 2, None, 1, 5]}
 
 
 def test_non_canonical_types_come_out_canonical(tmp_path):

@@ -19,10 +19,11 @@ from episode_files import episode_table
 
 import flows.cli
 from pipeline.dataset import inspect_episodes
+from pipeline.dataset_writer import DatasetWriter
+from pipeline.external_sort import sort_tables
 from pipeline.importers import import_minari, import_rllib
-from pipeline.importers.external_sort import ORIGIN, ExternalSorter
+from pipeline.importers.rllib_repeats import ORIGIN, SORT_KEYS, RepeatedSteps
 from pipeline.importers.source_files import natural_key
-from pipeline.importers.writer import CanonicalWriter, SourceFacts
 from pipeline.metadata import DatasetMetadata
 from pipeline.schema import DatasetError
 
@@ -283,15 +284,15 @@ def test_external_sort_merges_runs_and_drops_exact_repeats(tmp_path):
     shuffled = repeated.take(rng.permutation(repeated.num_rows))
     shuffled = shuffled.append_column(ORIGIN, pa.array(np.arange(shuffled.num_rows)))
 
-    with ExternalSorter(tmp_path, _never_conflicts, fan_in=3) as sorter:
-        for start in range(0, shuffled.num_rows, 40):  # 11 runs, merged 3 at a time
-            sorter.add(shuffled.slice(start, 40))
-        merged = pa.concat_tables(sorter.merged(sorter.schemas[0]))
+    repeats = RepeatedSteps(_never_conflicts)
+    chunks = (shuffled.slice(start, 5) for start in range(0, shuffled.num_rows, 5))
+    # 84 runs, merged 64 at a time: two passes.
+    ordered = sort_tables(chunks, SORT_KEYS, run_bytes=1, scratch=tmp_path)
+    merged = pa.concat_tables(repeats.unique(ordered))
     keys = [(k, "ascending") for k in ("task_id", "eps_id", "t")]
     expected = table.take(pc.sort_indices(table, keys))
     assert merged.drop_columns([ORIGIN]).equals(expected)
-    assert sorter.duplicate_rows == 120
-    assert [p.name for p in tmp_path.iterdir()] == []  # runs removed
+    assert repeats.dropped == 120
 
 
 def _never_conflicts(table, first, second, column):
@@ -300,24 +301,21 @@ def _never_conflicts(table, first, second, column):
 
 def test_writer_cuts_row_groups_and_files(tmp_path):
     table = episode_table(1000, episode_length=10, tasks=("a",))
-    with CanonicalWriter(
-        tmp_path / "out", table.schema, row_group_rows=128, file_bytes=20_000
+    with DatasetWriter(
+        tmp_path / "out", purpose="test", row_group_rows=128, file_bytes=20_000
     ) as w:
         for start in range(0, 1000, 300):
             w.write(table.slice(start, 300))
-        summary = w.finish(DatasetMetadata(id="x"), _no_source())
+        w.finish(DatasetMetadata(id="x"))
+        summary = w.publish()
     files = [
         pq.ParquetFile(tmp_path / "out" / f)
         for f in json.loads((tmp_path / "out" / "dataset.json").read_text())["files"]
     ]
     groups = [f.metadata.row_group(i).num_rows for f in files for i in range(f.num_row_groups)]
     assert groups == [128] * 7 + [104]
-    assert 1 < len(files) < 8 and summary.rows == 1000 and summary.files == len(files)
+    assert 1 < len(files) < 8 and summary.num_rows == 1000 and len(summary.files) == len(files)
     assert _dataset(tmp_path / "out").equals(table.combine_chunks())
-
-
-def _no_source() -> SourceFacts:
-    return SourceFacts(source_rows=0, duplicate_rows=0, padding_rows=0, source_fingerprint="")
 
 
 def test_import_refuses_a_used_output_directory_before_reading(tmp_path):

@@ -7,7 +7,7 @@ installed.
 """
 
 from pipeline.importers.minari import import_minari
+from pipeline.importers.output import ImportSummary
 from pipeline.importers.rllib import import_rllib
-from pipeline.importers.writer import ImportSummary
 
 __all__ = ["ImportSummary", "import_minari", "import_rllib"]

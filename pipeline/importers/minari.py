@@ -29,15 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.dataset_writer import DatasetWriter, Progress
 from pipeline.importers.minari_episodes import RawEpisode, canonical_episodes, check_columns
+from pipeline.importers.output import ImportSummary, SourceFacts, check_output, import_summary
 from pipeline.importers.source_files import SourceFingerprint, natural_key
-from pipeline.importers.writer import (
-    CanonicalWriter,
-    ImportSummary,
-    Progress,
-    SourceFacts,
-    check_output,
-)
 from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space
 from pipeline.schema import DatasetError
 
@@ -90,13 +85,14 @@ def import_minari(
             f"{data}: no episode folders with steps; expected one folder per episode, named "
             "by its integer id"
         )
-    with CanonicalWriter(out, first.schema, progress=progress) as writer:
+    with DatasetWriter(out, purpose="importing", progress=progress) as writer:
         writer.write(first)
         for table in episodes:
             writer.write(table)
         reader.check_totals(metadata)
-        return writer.finish(
-            _dataset_metadata(metadata, spaces, given, task, fingerprint.hexdigest()),
+        writer.finish(_dataset_metadata(metadata, spaces, given, task, fingerprint.hexdigest()))
+        return import_summary(
+            writer.publish(),
             SourceFacts(
                 source_rows=reader.rows + reader.padding_rows,
                 duplicate_rows=0,

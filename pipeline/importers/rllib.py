@@ -14,8 +14,10 @@ What RLlib 2.60 writes, and what becomes of it:
   ``default_policy``. In multi-agent recordings ``module_id`` names each row's module.
 - ``task_id``: the ``task_id`` argument, else the name of the ``<env>`` directory.
 
-Memory: chunks of about ``chunk_bytes`` are converted, numbered, sorted and spilled
-(``external_sort``), then merged; besides those, one small cursor per episode.
+Memory: chunks of about ``chunk_bytes`` are converted, numbered, sorted and spilled, then
+merged (``pipeline.external_sort``, run files in the writer's staging directory); repeats
+are dropped from the merged rows (``rllib_repeats``); besides those, one small cursor per
+episode.
 """
 
 from __future__ import annotations
@@ -29,18 +31,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.dataset_writer import DatasetWriter, Progress
+from pipeline.external_sort import sort_tables
 from pipeline.importers.columns import row_hashes
-from pipeline.importers.external_sort import ORIGIN, ExternalSorter
+from pipeline.importers.output import ImportSummary, SourceFacts, check_output, import_summary
+from pipeline.importers.rllib_repeats import ORIGIN, SORT_KEYS, RepeatedSteps
 from pipeline.importers.rllib_rows import canonical_rows
 from pipeline.importers.rllib_steps import StepNumbering
 from pipeline.importers.source_files import SourceFingerprint, walk
-from pipeline.importers.writer import (
-    CanonicalWriter,
-    ImportSummary,
-    Progress,
-    SourceFacts,
-    check_output,
-)
 from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space
 from pipeline.schema import DatasetError
 
@@ -73,24 +71,23 @@ def import_rllib(
     check_output(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     recording = _Recording(src, given, task_id)
-    with ExternalSorter(out.parent, recording.refuse_conflict) as sorter:
-        for chunk in recording.chunks(chunk_bytes, progress):
-            sorter.add(chunk)
-        schema = _output_schema(sorter.schemas, src)
-        written = schema.remove(schema.get_field_index(ORIGIN))
-        with CanonicalWriter(out, written, progress=progress) as writer:
-            for table in sorter.merged(schema):
-                recording.check_modules(table)
-                writer.write(table.drop_columns([ORIGIN]))
-            return writer.finish(
-                recording.metadata(schema),
-                SourceFacts(
-                    source_rows=recording.rows,
-                    duplicate_rows=sorter.duplicate_rows,
-                    padding_rows=0,
-                    source_fingerprint=recording.fingerprint.hexdigest(),
-                ),
-            )
+    repeats = RepeatedSteps(recording.refuse_conflict)
+    with DatasetWriter(out, purpose="importing", progress=progress) as writer:
+        chunks = recording.chunks(chunk_bytes, progress)
+        ordered = sort_tables(chunks, SORT_KEYS, run_bytes=chunk_bytes, scratch=writer.scratch)
+        for table in repeats.unique(ordered):
+            recording.check_modules(table)
+            writer.write(table.select(recording.columns()))
+        writer.finish(recording.metadata())
+        return import_summary(
+            writer.publish(),
+            SourceFacts(
+                source_rows=recording.rows,
+                duplicate_rows=repeats.dropped,
+                padding_rows=0,
+                source_fingerprint=recording.fingerprint.hexdigest(),
+            ),
+        )
 
 
 class _Part(NamedTuple):
@@ -117,6 +114,7 @@ class _Recording:
         self.rows = 0
         self._steps = StepNumbering()
         self._first_obs: tuple[str, pa.DataType] | None = None
+        self._schema: pa.Schema | None = None
 
     def chunks(self, chunk_bytes: int, progress: Progress | None) -> Iterator[pa.Table]:
         """Canonical tables with ``t`` and ``ORIGIN`` (file index), about ``chunk_bytes``
@@ -141,12 +139,12 @@ class _Recording:
                 converted_bytes += converted[-1].nbytes
                 pending, pending_bytes = [], 0
             if converted_bytes >= chunk_bytes:
-                yield pa.concat_tables(converted, promote_options="permissive")
+                yield self._unified(pa.concat_tables(converted, promote_options="permissive"))
                 converted, converted_bytes = [], 0
         if pending:
             converted.append(self._convert(pending))
         if converted:
-            yield pa.concat_tables(converted, promote_options="permissive")
+            yield self._unified(pa.concat_tables(converted, promote_options="permissive"))
         if progress is not None:
             progress(f"rllib: read {self.files} files, {self.rows} rows; sorting")
         if self.files == 0:
@@ -154,6 +152,24 @@ class _Recording:
                 f"no Parquet files found under {self.src}; expected the recorder's "
                 "OUTPUT/<env>/run-*/*.parquet files (config.offline_data(output=...))"
             )
+
+    def _unified(self, chunk: pa.Table) -> pa.Table:
+        """``chunk``, once its columns' types are known to agree with earlier chunks'."""
+        schemas = [chunk.schema] if self._schema is None else [self._schema, chunk.schema]
+        try:
+            self._schema = pa.unify_schemas(schemas, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise DatasetError(
+                f"{self.src}: files of the recording disagree on column types ({exc}); "
+                "expected one type per column"
+            ) from None
+        return chunk
+
+    def columns(self) -> list[str]:
+        """The columns written: every column read, bar ``ORIGIN`` and those null in every
+        file."""
+        assert self._schema is not None
+        return [f.name for f in self._schema if f.name != ORIGIN and not pa.types.is_null(f.type)]
 
     def _read(self, path: Path, index: int) -> Iterator[pa.Table]:
         source = self.fingerprint.read(path)
@@ -231,7 +247,9 @@ class _Recording:
             "be an exact copy, as RLlib's recorder rewrites it (remove one of the two recordings)"
         )
 
-    def metadata(self, schema: pa.Schema) -> DatasetMetadata:
+    def metadata(self) -> DatasetMetadata:
+        assert self._schema is not None
+        schema = self._schema
         obs_shape = tuple(schema.field("obs").type.shape)
         actions = schema.field("actions").type
         if pa.types.is_integer(actions):
@@ -273,15 +291,3 @@ def _same_schema_runs(pending: list[_Part]) -> Iterator[list[_Part]]:
             yield group
             group = [part]
     yield group
-
-
-def _output_schema(schemas: list[pa.Schema], src: Path) -> pa.Schema:
-    """One schema for every run: types unified, columns null in every file dropped."""
-    try:
-        unified = pa.unify_schemas(schemas, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise DatasetError(
-            f"{src}: files of the recording disagree on column types ({exc}); expected one "
-            "type per column"
-        ) from None
-    return pa.schema([f for f in unified if not pa.types.is_null(f.type)])
