@@ -133,7 +133,7 @@ def test_external_sort_keeps_ties_in_input_order_across_runs(tmp_path):
     tables = _numbered_tables(8, 50, seed=1)
     merged = pa.concat_tables(sort_tables(tables, ["k"], run_bytes=1000, scratch=tmp_path))
 
-    assert len(list(tmp_path.glob("run-*.parquet"))) > 1
+    assert len(list(tmp_path.glob("run-*.arrow"))) > 1
     _assert_sorted_with_ties_in_input_order(merged, tables)
 
 
@@ -143,7 +143,7 @@ def test_external_sort_merges_many_runs_in_passes_keeping_ties_in_input_order(tm
 
     # 150 runs are more than one merge takes (64): merged into 3 longer runs, inputs removed.
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"merged-1-{i:05d}.parquet" for i in range(3)
+        f"merged-1-{i:05d}.arrow" for i in range(3)
     ]
     _assert_sorted_with_ties_in_input_order(merged, tables)
 
