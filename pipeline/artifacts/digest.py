@@ -210,7 +210,7 @@ def _check_written_header(
     with open(path, "rb") as handle:
         prefix = handle.read(8)
         header = handle.read(int.from_bytes(prefix, "little")) if len(prefix) == 8 else b""
-    parsed = _parse_header(prefix + header, path, data_length=None)
+    parsed = _parse_header(prefix + header, str(path), data_length=None)
     written = {key: (entry.dtype, entry.shape) for key, entry in parsed.entries.items()}
     expected = {key: (record.dtype, record.shape) for key, record in tensors.items()}
     if written != expected or parsed.metadata != dict(metadata):
@@ -245,16 +245,21 @@ class ParsedParams:
 
 
 def read_params(path: Path) -> ParsedParams:
-    """Read a params file once into memory and parse its header.
-
-    Verification and decoding both work on this one buffer, so the bytes that were
-    checked are the bytes that become tensors.
-    """
+    """Read a params file once into memory and parse its header."""
     size = path.stat().st_size
     buffer = bytearray(size)
     with open(path, "rb", buffering=0) as handle:
         handle.readinto(buffer)
-    parsed = _parse_header(buffer, path, data_length=size)
+    return parse_params(buffer, str(path))
+
+
+def parse_params(buffer: bytearray, where: str) -> ParsedParams:
+    """Parse the header of a params file held in ``buffer`` (``where`` names it in errors).
+
+    Verification and decoding both work on this one buffer, so the bytes that were
+    checked are the bytes that become tensors.
+    """
+    parsed = _parse_header(buffer, where, data_length=len(buffer))
     return ParsedParams(buffer, parsed.metadata, parsed.entries)
 
 
@@ -305,7 +310,7 @@ class _Header:
     entries: dict[str, _Entry]
 
 
-def _parse_header(data: bytes | bytearray, path: Path, data_length: int | None) -> _Header:
+def _parse_header(data: bytes | bytearray, where: str, data_length: int | None) -> _Header:
     """Parse a safetensors header; offsets returned are absolute within the file.
 
     ``data_length`` is the file size when the whole file is in ``data`` (then every
@@ -313,7 +318,7 @@ def _parse_header(data: bytes | bytearray, path: Path, data_length: int | None) 
     """
 
     def bad(reason: str) -> IntegrityError:
-        return IntegrityError([f"{path} is not a readable safetensors file: {reason}"])
+        return IntegrityError([f"{where} is not a readable safetensors file: {reason}"])
 
     if len(data) < 8:
         raise bad(f"it is {len(data)} bytes long, shorter than the 8-byte header length")

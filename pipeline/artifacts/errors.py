@@ -33,3 +33,7 @@ class AliasConflictError(ArtifactError):
 
 class LockTimeoutError(ArtifactError, TimeoutError):
     """Another process held an artifact's lock for longer than the store waits."""
+
+
+class StorageError(ArtifactError):
+    """The storage behind the store failed a request; the message names the object's URI."""
