@@ -63,18 +63,10 @@ def prefect_harness() -> Iterator[None]:
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server on loopback for the whole session (started on first use, stopped by
     its pid at the end); boto3 clients find it through the standard AWS variables."""
-    from tests.s3_server import moto_server
+    from tests.s3_server import client_environment, moto_server
 
     with moto_server("serial") as endpoint:
-        settings = {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            # Nothing from a developer's ~/.aws may point the clients elsewhere.
-            "AWS_CONFIG_FILE": os.devnull,
-            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-        }
+        settings = client_environment(endpoint)
         saved = {name: os.environ.get(name) for name in [*settings, "AWS_PROFILE"]}
         os.environ.pop("AWS_PROFILE", None)
         os.environ.update(settings)

@@ -72,6 +72,19 @@ def moto_server(mode: str = "serial", startup_timeout: float = 60.0) -> Iterator
         raise RuntimeError(f"moto's S3 server did not start ({mode}); its log ends:\n{log_tail}")
 
 
+def client_environment(endpoint: str) -> dict[str, str]:
+    """The standard AWS variables that point boto3 clients (and the store) at ``endpoint``."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        # Nothing from a developer's ~/.aws may point the clients elsewhere.
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
