@@ -22,8 +22,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from learners.config import MetaConfig
-from pipeline.artifacts.errors import ArtifactNameError
+from pipeline.artifacts.errors import ArtifactError, ArtifactNameError
 from pipeline.artifacts.names import validate_name
+from pipeline.artifacts.roots import parse_root
 
 _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
@@ -162,8 +163,21 @@ class ArtifactsConfig(BaseModel):
 
     model_config = _STRICT
 
-    root: str = Field("artifacts", description="Artifact store directory.")
+    root: str = Field(
+        "artifacts",
+        description="Artifact store: a directory, a file:// URI or s3://bucket/prefix (S3 "
+        "endpoint and credentials from the standard AWS_* environment variables).",
+    )
     name: str = Field(description="Artifact name; each run publishes its next version.")
+
+    @field_validator("root")
+    @classmethod
+    def _valid_root(cls, root: str) -> str:
+        try:
+            parse_root(root)
+        except ArtifactError as error:
+            raise ValueError(str(error)) from None
+        return root
 
     @field_validator("name")
     @classmethod

@@ -2,7 +2,10 @@
 
 Each command group lives in its own module of this package and exposes
 ``register(subparsers)``; heavy imports (Ray, torch, Prefect) happen inside the
-handlers so that ``offmeta --help`` and the artifact commands start quickly.
+handlers so that ``offmeta --help`` and the artifact commands start quickly. A command
+line that names its command imports only that command's module: ``offmeta artifacts``
+never imports the training side (``flows.config``, ``learners``), so it runs in a light
+install without Ray or Prefect.
 """
 
 from __future__ import annotations
@@ -12,24 +15,27 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-_GROUPS = ("data", "artifacts", "run")
+# command -> the module of this package that registers it
+_MODULES = {"data": "data", "artifacts": "artifacts", "run": "run", "serve": "run"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser for every command, or only for ``command`` when it is a known one."""
     parser = argparse.ArgumentParser(
         prog="offmeta",
         description="Offline meta-training: datasets, training runs and versioned artifacts.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in _GROUPS:
-        module = importlib.import_module(f"flows.cli.{group}")
-        module.register(subparsers)
+    modules = [_MODULES[command]] if command in _MODULES else dict.fromkeys(_MODULES.values())
+    for name in modules:
+        importlib.import_module(f"flows.cli.{name}").register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     return int(args.handler(args) or 0)
 
 
