@@ -40,7 +40,7 @@ class Storage:
     def uri(self, key: str) -> str:
         return Path(self.root, key).as_uri() if self.kind == "local" else f"{self.root}/{key}"
 
-    def keys(self, prefix: str = "") -> list[str]:
+    def listed(self, prefix: str = "") -> list[str]:
         """Every stored object under ``prefix`` (locks and staging folders left out)."""
         if self.kind == "local":
             base = Path(self.root)

@@ -205,7 +205,7 @@ def test_publisher_killed_mid_publish_leaves_no_partial_version(storage, tmp_pat
     assert store.list_versions("model") == [1]
     assert store.aliases("model") == {"latest": 1}
     assert store.get("model").version == 1
-    assert storage.keys("names/model/versions/") == ["names/model/versions/00000001.json"]
+    assert storage.listed("names/model/versions/") == ["names/model/versions/00000001.json"]
 
     # The number it would have taken is still free, and its idempotency key is unused
     # (the publish never happened); its claim (manifest-staged) is released by the kernel
@@ -224,7 +224,7 @@ def test_publisher_killed_mid_publish_leaves_no_partial_version(storage, tmp_pat
         for version in (1, 2)
         for entry in store.get("model", version=version).files.values()
     }
-    assert set(storage.keys("blobs/")) == referenced
+    assert set(storage.listed("blobs/")) == referenced
     assert store.verify("model:1") and store.verify("model:2")
 
 

@@ -287,7 +287,7 @@ def test_missing_names_versions_aliases_and_files_say_what_exists(store, storage
         empty.get("maml")
     assert empty.list_names() == []
     assert empty.list_versions("maml") == [] and empty.aliases("maml") == {}
-    assert nothing.keys() == []
+    assert nothing.listed() == []
     if nothing.kind == "local":
         assert not Path(nothing.root).exists()
 
@@ -358,7 +358,7 @@ def test_invalid_inputs_are_refused_with_what_was_found(store, storage):
         with pytest.raises(ArtifactError) as raised:
             store.publish("maml", params, **fields)
         assert str(raised.value).startswith(message), str(raised.value)
-    assert storage.keys() == []
+    assert storage.listed() == []
 
 
 def test_export_writes_a_standalone_safetensors_file_and_the_manifest(store, tmp_path):
@@ -388,7 +388,7 @@ def test_identical_content_is_stored_once(store, storage):
     _publish(store)
     _publish(store)
     assert store.list_versions("maml") == [1, 2]
-    blobs = storage.keys("blobs/")
+    blobs = storage.listed("blobs/")
     assert len(blobs) == 3  # params, metrics.json, config.json shared by both versions
     if storage.kind == "local":
         modes = {oct(Path(storage.root, blob).stat().st_mode & 0o777) for blob in blobs}

@@ -277,15 +277,19 @@ class S3Backend:
 
     @contextlib.contextmanager
     def _errors(self, action: str, key: str, passing: set[str] = frozenset()) -> Iterator[None]:
-        """Turn botocore errors into FileNotFoundError, _Refused or StorageError naming the URI."""
+        """Turn boto errors into FileNotFoundError, _Refused or StorageError naming the URI."""
+        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         try:
             yield
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
+        except (ClientError, S3UploadFailedError) as exc:
+            # upload_file wraps the request's ClientError; look at the request's answer.
+            cause = exc if isinstance(exc, ClientError) else exc.__context__
+            response = cause.response if isinstance(cause, ClientError) else {}
+            error = response.get("Error", {})
             code = str(error.get("Code", ""))
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             if code in passing or str(status) in passing:
                 raise _Refused(status) from None
             if code in _NOT_FOUND:
@@ -296,10 +300,8 @@ class S3Backend:
                     f"not exist at {self._client.meta.endpoint_url}; create it or fix the "
                     f"store root"
                 ) from None
-            raise StorageError(
-                f"cannot {action} {self.uri(key)}: {code or status} "
-                f"{error.get('Message', '')}".rstrip()
-            ) from None
+            detail = f"{code} {error.get('Message', '')}".strip() if code else str(exc)
+            raise StorageError(f"cannot {action} {self.uri(key)}: {detail}") from None
         except NoCredentialsError:
             raise StorageError(
                 f"cannot {action} {self.uri(key)}: no AWS credentials found; set "
