@@ -119,7 +119,7 @@ def test_a_live_claim_makes_another_publisher_of_the_key_wait_and_give_up(s3_roo
     assert re.fullmatch(
         rf"gave up after 1 s waiting for the claim {s3_root}/{_claim_key('run-7')}: another "
         r"publisher has held it for \d+ s \(a claim left by a crashed publisher is taken over "
-        r"after 600 s\)",
+        r"after 601 s\)",
         str(raised.value),
     ), str(raised.value)
     assert store.list_versions("model") == []

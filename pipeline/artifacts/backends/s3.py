@@ -42,6 +42,9 @@ from pipeline.artifacts.roots import S3Root
 _PART_BYTES = 16 << 20
 _MAX_COPY_BYTES = 5 << 30  # CopyObject's limit; larger blobs are copied in parts
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
+# HTTP dates (Date, Last-Modified) have whole seconds: an age read from them may be up to
+# this much more than the true age, so a claim is taken over only this much after its lease.
+_CLOCK_RESOLUTION = 1.0
 
 
 class S3Backend:
@@ -161,7 +164,7 @@ class S3Backend:
             etag = self._conditional_put(key, body, IfNoneMatch="*")
             if etag is None and (held := self._held_claim(key)) is not None:
                 held_etag, age, lease = held
-                if age >= lease:
+                if age >= lease + _CLOCK_RESOLUTION:
                     # Its holder stopped (a live one gives up after half its lease): take
                     # the claim over, unless another waiter just did.
                     etag = self._conditional_put(
@@ -171,7 +174,7 @@ class S3Backend:
                     raise LockTimeoutError(
                         f"gave up after {timeout:g} s waiting for the claim {self.uri(key)}: "
                         f"another publisher has held it for {age:.0f} s (a claim left by a "
-                        f"crashed publisher is taken over after {lease:g} s)"
+                        f"crashed publisher is taken over after {lease + _CLOCK_RESOLUTION:g} s)"
                     )
             if etag is not None:
                 break
