@@ -395,10 +395,11 @@ def test_identical_content_is_stored_once(store, storage):
         assert modes == {"0o444"}
 
 
-def test_importing_the_store_loads_neither_torch_ray_prefect_nor_matplotlib():
+def test_importing_the_store_loads_neither_torch_ray_prefect_matplotlib_nor_boto3():
     code = (
         "import sys, pipeline.artifacts, flows.cli.artifacts\n"
-        "print(sorted(m for m in ('torch', 'ray', 'prefect', 'matplotlib') if m in sys.modules))"
+        "heavy = ('torch', 'ray', 'prefect', 'matplotlib', 'boto3', 'botocore')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 # command -> the module of this package that registers it
 _MODULES = {"data": "data", "artifacts": "artifacts", "run": "run", "serve": "run"}
+# What `pip install offmeta` leaves out and `offmeta[train]` brings.
+_TRAINING_PACKAGES = frozenset({"ray", "prefect", "pyarrow"})
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -36,7 +38,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv[0] if argv else None).parse_args(argv)
-    return int(args.handler(args) or 0)
+    try:
+        return int(args.handler(args) or 0)
+    except ModuleNotFoundError as error:
+        package = (error.name or "").split(".")[0]
+        if package not in _TRAINING_PACKAGES:
+            raise
+        print(
+            f"offmeta {args.command}: error: this command needs the training extra, and "
+            f"{package!r} is not installed; install it with: pip install 'offmeta[train]'",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def run() -> None:
