@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -76,15 +77,14 @@ _CONCURRENT_PUBLISHERS = textwrap.dedent(
     """
 )
 
-# Publishes one version but stops at the named stage of ArtifactStore.publish (the
-# module's _pause_hook seam), announces it through a file and waits to be killed.
-# Its lock timeout is short: on S3 the claim it leaves is taken over after half of it.
+# Publishes one version but stops at the named stage of ArtifactStore.publish (reported
+# through the on_stage callback it is given), announces it through a file and waits to be
+# killed. Its lock timeout is short: on S3 the claim it leaves is taken over after half of it.
 _PAUSED_PUBLISHER = textwrap.dedent(
     """
     import pathlib, sys, time
     import torch
     from pipeline.artifacts import ArtifactStore
-    from pipeline.artifacts import store as store_module
 
     root, stage, ready = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
     lock_timeout = float(sys.argv[4])
@@ -94,7 +94,6 @@ _PAUSED_PUBLISHER = textwrap.dedent(
             ready.write_text(reached)
             time.sleep(600)
 
-    store_module._pause_hook = pause
     ArtifactStore(root, lock_timeout=lock_timeout).publish(
         "model",
         {"default_policy": {"w": torch.full((4,), 7.0)}},
@@ -102,6 +101,7 @@ _PAUSED_PUBLISHER = textwrap.dedent(
         config={},
         lineage={},
         idempotency_key="run-2",
+        on_stage=pause,
     )
     sys.exit("publish was not interrupted")
     """
@@ -147,7 +147,7 @@ def _params(value: float) -> dict[str, dict[str, torch.Tensor]]:
     return {"default_policy": {"w": torch.full((4,), value), "b": torch.zeros(2)}}
 
 
-def _publish(store: ArtifactStore, value: float, **kwargs: str) -> ArtifactRef:
+def _publish(store: ArtifactStore, value: float, **kwargs: Any) -> ArtifactRef:
     return store.publish(
         "model", _params(value), metrics={"loss": value}, config={}, lineage={}, **kwargs
     )
@@ -226,6 +226,17 @@ def test_publisher_killed_mid_publish_leaves_no_partial_version(storage, tmp_pat
     }
     assert set(storage.listed("blobs/")) == referenced
     assert store.verify("model:1") and store.verify("model:2")
+
+
+@pytest.mark.timeout(30)
+def test_on_stage_reports_the_two_crash_points_in_order_and_only_for_a_new_version(storage):
+    store = storage.store()
+    stages: list[str] = []
+    _publish(store, 1.0, idempotency_key="run-1", on_stage=stages.append)
+    assert stages == ["blobs-written", "manifest-staged"]
+    stages.clear()
+    _publish(store, 1.0, idempotency_key="run-1", on_stage=stages.append)  # a known key
+    assert stages == []
 
 
 @pytest.mark.timeout(60)

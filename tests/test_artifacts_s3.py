@@ -22,7 +22,6 @@ from pipeline.artifacts import (
     LockTimeoutError,
     StorageError,
 )
-from pipeline.artifacts import store as store_module
 from tests.artifact_backends import Storage, blob_key
 
 pytestmark = pytest.mark.timeout(60)
@@ -134,15 +133,14 @@ def test_a_claim_whose_lease_ran_out_is_taken_over_and_released(s3_root):
     assert _claim_key("run-8") not in storage.listed("names/model/keys/")
 
 
-def test_a_holder_past_half_its_lease_publishes_nothing(s3_root, monkeypatch):
+def test_a_holder_past_half_its_lease_publishes_nothing(s3_root):
     def slow_after_claiming(stage: str) -> None:
         if stage == "manifest-staged":
             time.sleep(0.6)
 
-    monkeypatch.setattr(store_module, "_pause_hook", slow_after_claiming)
     store = ArtifactStore(s3_root, lock_timeout=2)  # lease 1 s; the holder stops at 0.5 s
     with pytest.raises(ArtifactError) as raised:
-        _publish(store, idempotency_key="slow")
+        _publish(store, idempotency_key="slow", on_stage=slow_after_claiming)
     assert re.fullmatch(
         rf"held the claim {s3_root}/{_claim_key('slow')} for \d+\.\d s, more than half its "
         r"1 s lease; another publisher of the same idempotency key may take it over now, so "
@@ -151,7 +149,6 @@ def test_a_holder_past_half_its_lease_publishes_nothing(s3_root, monkeypatch):
     ), str(raised.value)
     assert store.list_versions("model") == []
     assert _claim_key("slow") not in Storage("s3", s3_root).listed()  # released on the way out
-    monkeypatch.setattr(store_module, "_pause_hook", None)
     assert _publish(store, idempotency_key="slow").version == 1
 
 

@@ -71,12 +71,6 @@ RESERVED_FILES = frozenset(
 )
 ExtraFile = str | os.PathLike[str] | tuple[str, bytes]
 
-# Test seam for the crash tests: when set, publish calls it with "blobs-written" (blobs
-# stored, nothing claimed yet) and "manifest-staged" (number chosen and recorded for the
-# idempotency key, manifest not created). A test process sets it to stop there and be
-# killed. It is the only hook; nothing else about publishing can be replaced.
-_pause_hook: Callable[[str], None] | None = None
-
 
 class ArtifactStore(Reader):
     """A versioned artifact registry in a local directory or under ``s3://bucket/prefix``.
@@ -118,6 +112,7 @@ class ArtifactStore(Reader):
         history: Mapping[str, Any] | None = None,
         files: Iterable[ExtraFile] = (),
         idempotency_key: str | None = None,
+        on_stage: Callable[[str], None] | None = None,
     ) -> ArtifactRef:
         """Store a new version of ``name`` and return its reference.
 
@@ -126,6 +121,13 @@ class ArtifactStore(Reader):
         learning_curve.png. ``files`` attaches paths or ``(file_name, bytes)`` pairs. A
         publish whose ``idempotency_key`` was already used for ``name`` returns that
         version unchanged: the first publish under a key wins, later ones are dropped.
+
+        ``on_stage``, when given, is called with ``"blobs-written"`` (every blob stored,
+        nothing claimed yet) and ``"manifest-staged"`` (a number chosen and recorded for
+        the idempotency key, its manifest not created yet; again for every further number
+        tried after losing one to another publisher): the points where a publisher that
+        dies must leave no partial version. It only observes (progress, or a crash test
+        stopping the process there to kill it); what it returns is ignored.
         """
         validate_name(name)
         if idempotency_key is not None and (
@@ -149,7 +151,8 @@ class ArtifactStore(Reader):
             stored, encoded = self._write_blobs(
                 name, (modules, flat), metrics_data, config_data, history_data, extras
             )
-            _pause("blobs-written")
+            if on_stage is not None:
+                on_stage("blobs-written")
             fields = {
                 "name": name,
                 "idempotency_key": idempotency_key,
@@ -164,13 +167,13 @@ class ArtifactStore(Reader):
                 "files": stored,
             }
             if idempotency_key is None:
-                manifest = self._create_manifest(fields, None)
+                manifest = self._create_manifest(fields, None, on_stage)
             else:
                 claim = layout.claim(name, idempotency_key)
                 with self._backend.claim(claim, self.lock_timeout) as lease:
                     if found := self._by_key(name, idempotency_key):
                         return self._ref(found)
-                    manifest = self._create_manifest(fields, lease)
+                    manifest = self._create_manifest(fields, lease, on_stage)
         self._advance_latest(name, manifest.version)
         return self._ref(manifest)
 
@@ -202,7 +205,12 @@ class ArtifactStore(Reader):
                 stored[file_name] = writer.put_file(source, media_type(file_name))
         return stored, encoded
 
-    def _create_manifest(self, fields: dict[str, Any], lease: Lease | None) -> Manifest:
+    def _create_manifest(
+        self,
+        fields: dict[str, Any],
+        lease: Lease | None,
+        on_stage: Callable[[str], None] | None,
+    ) -> Manifest:
         """Create the manifest under the first free number after the highest published one.
 
         With an idempotency key (``lease`` held), the number is recorded for the key
@@ -219,7 +227,8 @@ class ArtifactStore(Reader):
                 record = KeyRecord(idempotency_key=idempotency_key, version=version)
                 key_record = layout.key(name, idempotency_key)
                 self._backend.put(key_record, record.model_dump_json().encode())
-            _pause("manifest-staged")
+            if on_stage is not None:
+                on_stage("manifest-staged")
             if lease is not None:
                 lease.check()
             document = manifest.model_dump_json(indent=2).encode()
@@ -335,11 +344,6 @@ class ArtifactStore(Reader):
         if not isinstance(value, Mapping):
             raise ArtifactError(f"{what} must be a dict, got {type(value).__name__}")
         return json_safe(value, what)
-
-
-def _pause(stage: str) -> None:
-    if _pause_hook is not None:
-        _pause_hook(stage)
 
 
 def _next_version(backend: Any, name: str, after: int) -> int:
