@@ -8,7 +8,9 @@ Two ways to serve moto's S3 app:
   ``If-Match`` and then writes, without a lock, so only a server that handles one request
   at a time gives the store what it relies on.
 - ``threaded``: ``python -m moto.server`` as shipped (one thread per request), used by the
-  test that shows its conditional writes are not atomic.
+  benchmark and by the test that shows its conditional writes are not atomic (which
+  shortens the GIL switch interval so that request threads interleave often, as they
+  would on many cores).
 
 The server is started on a free port, waited for, and stopped by its pid.
 """
@@ -37,27 +39,30 @@ run_simple(
     threaded=False, request_handler=MotoRequestHandler,
 )
 """
-# The shipped server, with a short GIL switch interval so that its request threads
-# interleave often (what many cores would do); nothing else about it changes.
+# The shipped server (python -m moto.server), optionally with another GIL switch interval.
 _THREADED_SERVER = """
 import sys
-sys.setswitchinterval(1e-6)
+if sys.argv[3] != "default":
+    sys.setswitchinterval(float(sys.argv[3]))
 from moto.server import main
 main(["-H", sys.argv[1], "-p", sys.argv[2]])
 """
 
 
 @contextlib.contextmanager
-def moto_server(mode: str = "serial", startup_timeout: float = 60.0) -> Iterator[str]:
+def moto_server(
+    mode: str = "serial", *, switch_interval: float | None = None, startup_timeout: float = 60.0
+) -> Iterator[str]:
     """Start moto's S3 server on 127.0.0.1 and yield its endpoint URL; stop it on exit."""
     script = {"serial": _SERIAL_SERVER, "threaded": _THREADED_SERVER}[mode]
+    interval = "default" if switch_interval is None else repr(switch_interval)
     with tempfile.TemporaryDirectory(prefix="offmeta-moto-") as scratch:
         log_path = Path(scratch) / "server.log"
         for _attempt in range(3):  # another process may take the free port first
             port = _free_port()
             with open(log_path, "wb") as log:
                 server = subprocess.Popen(
-                    [sys.executable, "-c", script, "127.0.0.1", str(port)],
+                    [sys.executable, "-c", script, "127.0.0.1", str(port), interval],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=dict(os.environ, PYTHONUNBUFFERED="1"),

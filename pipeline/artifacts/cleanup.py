@@ -85,7 +85,7 @@ def _dangling_keys(backend: Backend, name: str, manifests: dict[int, Manifest]) 
         if not info.key.endswith(".json"):
             continue  # a claim: released by its holder, or taken over by the next one
         try:
-            record = KeyRecord.model_validate_json(backend.read(info.key))
+            record = KeyRecord.model_validate_json(bytes(backend.read(info.key)))
         except (ValidationError, FileNotFoundError):
             dangling.append(info)
             continue

@@ -232,7 +232,8 @@ class _Entry:
 class ParsedParams:
     """A params file read into memory and its parsed header (offsets relative to ``buffer``)."""
 
-    buffer: bytearray
+    buffer: memoryview
+    """Writable; the tensors ``decode_params`` returns are views into it."""
     metadata: dict[str, str]
     entries: dict[str, _Entry]
 
@@ -246,14 +247,10 @@ class ParsedParams:
 
 def read_params(path: Path) -> ParsedParams:
     """Read a params file once into memory and parse its header."""
-    size = path.stat().st_size
-    buffer = bytearray(size)
-    with open(path, "rb", buffering=0) as handle:
-        handle.readinto(buffer)
-    return parse_params(buffer, str(path))
+    return parse_params(memoryview(bytearray(path.read_bytes())), str(path))
 
 
-def parse_params(buffer: bytearray, where: str) -> ParsedParams:
+def parse_params(buffer: memoryview, where: str) -> ParsedParams:
     """Parse the header of a params file held in ``buffer`` (``where`` names it in errors).
 
     Verification and decoding both work on this one buffer, so the bytes that were
@@ -266,7 +263,7 @@ def parse_params(buffer: bytearray, where: str) -> ParsedParams:
 def params_digest(parsed: ParsedParams) -> tuple[str, dict[str, TensorRecord]]:
     """Recompute the params digest of a file read by ``read_params``."""
     keys = sorted(parsed.entries)
-    view = memoryview(parsed.buffer)
+    view = parsed.buffer
     chunks = [view[parsed.entries[key].begin : parsed.entries[key].end] for key in keys]
     digests = _hash_all(chunks, parallel=True)
     tensors = {
@@ -310,7 +307,7 @@ class _Header:
     entries: dict[str, _Entry]
 
 
-def _parse_header(data: bytes | bytearray, where: str, data_length: int | None) -> _Header:
+def _parse_header(data: bytes | memoryview, where: str, data_length: int | None) -> _Header:
     """Parse a safetensors header; offsets returned are absolute within the file.
 
     ``data_length`` is the file size when the whole file is in ``data`` (then every

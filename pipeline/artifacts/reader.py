@@ -49,7 +49,7 @@ def read_manifest(backend: Backend, name: str, version: int) -> Manifest:
         ) from None
     where = backend.where(key)
     try:
-        manifest = Manifest.model_validate_json(data)
+        manifest = Manifest.model_validate_json(bytes(data))
     except ValidationError as exc:
         raise IntegrityError([f"manifest {where} is not a valid offmeta manifest: {exc}"]) from None
     if manifest.name != name or manifest.version != version:

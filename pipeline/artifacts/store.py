@@ -303,7 +303,7 @@ class ArtifactStore(Reader):
     def _by_key(self, name: str, idempotency_key: str) -> Manifest | None:
         try:
             data = self._backend.read(layout.key(name, idempotency_key))
-            record = KeyRecord.model_validate_json(data)
+            record = KeyRecord.model_validate_json(bytes(data))
         except (FileNotFoundError, ValidationError):
             return None
         try:

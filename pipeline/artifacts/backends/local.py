@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.artifacts import fsio
-from pipeline.artifacts.backends import ObjectInfo, Tagged
+from pipeline.artifacts.backends import ObjectInfo, Tagged, new_buffer
 
 
 class _NoLease:
@@ -47,12 +47,13 @@ class LocalBackend:
     def uri(self, key: str) -> str:
         return self._path(key).as_uri()
 
-    def read(self, key: str) -> bytearray:
-        path = self._path(key)
-        with open(path, "rb", buffering=0) as handle:
-            buffer = bytearray(os.fstat(handle.fileno()).st_size)
-            handle.readinto(buffer)
-        return buffer
+    def read(self, key: str) -> memoryview:
+        with open(self._path(key), "rb", buffering=0) as handle:
+            buffer = new_buffer(os.fstat(handle.fileno()).st_size)
+            filled = 0
+            while filled < len(buffer) and (count := handle.readinto(buffer[filled:])):
+                filled += count
+        return buffer[:filled]
 
     def read_tagged(self, key: str) -> Tagged | None:
         try:

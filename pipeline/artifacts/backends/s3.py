@@ -34,12 +34,15 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts.backends import ObjectInfo, Tagged
+from pipeline.artifacts.backends import ObjectInfo, Tagged, new_buffer
 from pipeline.artifacts.errors import ArtifactError, LockTimeoutError, StorageError
 from pipeline.artifacts.roots import S3Root
 
-# Large blobs go up and down in parallel parts; small objects in one request.
-_PART_BYTES = 16 << 20
+# Blobs above _MULTIPART_BYTES go up in parallel parts of _PART_BYTES (S3 takes at most
+# 5 GiB in one PUT). Below it one PUT is faster: on loopback (moto, 2 cores) 100 MB went up
+# in 1.6-2.7 s in one request and 2.4-4.0 s in 16 MiB parts over 8 threads.
+_MULTIPART_BYTES = 512 << 20
+_PART_BYTES = 64 << 20
 _MAX_COPY_BYTES = 5 << 30  # CopyObject's limit; larger blobs are copied in parts
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
 # HTTP dates (Date, Last-Modified) have whole seconds: an age read from them may be up to
@@ -58,7 +61,7 @@ class S3Backend:
         self._lease = lock_timeout / 2
         self._client = client if client is not None else _client()
         self._transfer = TransferConfig(
-            multipart_threshold=_PART_BYTES * 2,
+            multipart_threshold=_MULTIPART_BYTES,
             multipart_chunksize=_PART_BYTES,
             max_concurrency=8,
         )
@@ -69,13 +72,14 @@ class S3Backend:
     def uri(self, key: str) -> str:
         return f"s3://{self._root.bucket}/{self._root.key(key)}"
 
-    def read(self, key: str) -> bytearray:
+    def read(self, key: str) -> memoryview:
+        # One GET stream: on loopback, ranged GETs in parallel threads measured 3x slower.
         with self._errors("read", key):
             response = self._client.get_object(Bucket=self._root.bucket, Key=self._root.key(key))
-            buffer = bytearray(response["ContentLength"])
-            view, position = memoryview(buffer), 0
+            buffer = new_buffer(response["ContentLength"])
+            position = 0
             for chunk in response["Body"].iter_chunks(1 << 20):
-                view[position : position + len(chunk)] = chunk
+                buffer[position : position + len(chunk)] = chunk
                 position += len(chunk)
         if position != len(buffer):
             raise StorageError(f"read {self.uri(key)}: got {position} of {len(buffer)} bytes")
