@@ -109,3 +109,14 @@ def test_ray_and_prefect_are_in_the_train_extra_not_the_core_install():
     assert "moto" in extras["test"]
     makefile = (REPO / "Makefile").read_text()
     assert "pip install --quiet -e '.[train,test]'" in makefile
+
+
+def test_the_artifacts_commands_import_only_their_own_module(tmp_path):
+    probe = (
+        "import sys\nfrom flows.cli import main\n"
+        f"assert main(['artifacts', 'list', '--root', {str(tmp_path)!r}]) == 0\n"
+        "print(sorted(m for m in ('torch', 'flows.config', 'learners') if m in sys.modules))"
+    )
+    result = _python("-c", probe)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"

@@ -15,8 +15,10 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# command -> the module of this package that registers it
-_MODULES = {"data": "data", "artifacts": "artifacts", "run": "run", "serve": "run"}
+_GROUPS = ("data", "artifacts", "run")
+"""Modules of this package; each registers its commands."""
+_MODULE_OF = {"serve": "run"}
+"""Commands registered by a module of another name."""
 # What `pip install offmeta` leaves out and `offmeta[train]` brings.
 _TRAINING_PACKAGES = frozenset({"ray", "prefect", "pyarrow"})
 
@@ -28,8 +30,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Offline meta-training: datasets, training runs and versioned artifacts.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    modules = [_MODULES[command]] if command in _MODULES else dict.fromkeys(_MODULES.values())
-    for name in modules:
+    module = _MODULE_OF.get(command or "", command)
+    for name in [module] if module in _GROUPS else _GROUPS:
         importlib.import_module(f"flows.cli.{name}").register(subparsers)
     return parser
 
