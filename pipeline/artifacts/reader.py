@@ -226,7 +226,7 @@ class Reader:
         return ArtifactRef(manifest.name, manifest.version, manifest.params_digest, uri)
 
     def _alias_version(self, name: str, alias: str) -> int | None:
-        return _alias_record(self._backend, name, alias)[0]
+        return alias_record(self._backend, name, alias)[0]
 
     def _checked_params(self, manifest: Manifest, file_name: str, entry: FileEntry) -> ParsedParams:
         blob = layout.blob(entry.digest)
@@ -269,7 +269,7 @@ class Reader:
         return bytes(data)
 
 
-def _alias_record(backend: Backend, name: str, alias: str) -> tuple[int | None, str | None]:
+def alias_record(backend: Backend, name: str, alias: str) -> tuple[int | None, str | None]:
     """The version ``name@alias`` points at and the ETag to swap it with (None, None if unset)."""
     key = layout.alias(name, alias)
     tagged = backend.read_tagged(key)

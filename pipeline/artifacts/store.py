@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from pipeline.artifacts import layout
-from pipeline.artifacts.backends import Lease, open_backend
+from pipeline.artifacts.backends import Backend, Lease, open_backend
 from pipeline.artifacts.blobs import BlobWriter, media_type
 from pipeline.artifacts.cleanup import GcReport, collect_garbage
 from pipeline.artifacts.digest import PARAMS_FILE, EncodedParams, flatten_params
@@ -54,7 +54,7 @@ from pipeline.artifacts.manifest import (
 )
 from pipeline.artifacts.names import parse_version, validate_name
 from pipeline.artifacts.plots import check_history, learning_curve_png
-from pipeline.artifacts.reader import Reader, _alias_record, read_manifest, version_numbers
+from pipeline.artifacts.reader import Reader, alias_record, read_manifest, version_numbers
 
 if TYPE_CHECKING:
     import torch
@@ -219,7 +219,7 @@ class ArtifactStore(Reader):
         (the publisher died) is ignored and overwritten.
         """
         name, idempotency_key = fields["name"], fields["idempotency_key"]
-        latest = _alias_record(self._backend, name, "latest")[0] or 0
+        latest = alias_record(self._backend, name, "latest")[0] or 0
         version = _next_version(self._backend, name, after=latest)
         while True:
             manifest = Manifest(version=version, created_at=datetime.now(UTC), **fields)
@@ -239,7 +239,7 @@ class ArtifactStore(Reader):
     def _advance_latest(self, name: str, version: int) -> None:
         """Move ``latest`` to ``version`` unless it already points at this or a later one."""
         while True:
-            current, etag = _alias_record(self._backend, name, "latest")
+            current, etag = alias_record(self._backend, name, "latest")
             if current is not None and current >= version:
                 return
             if self._backend.swap(
@@ -261,7 +261,7 @@ class ArtifactStore(Reader):
             expected = parse_version(expected)
         self.get(name, version=version)
         while True:
-            current, etag = _alias_record(self._backend, name, alias)
+            current, etag = alias_record(self._backend, name, alias)
             if current != expected:
                 found = "does not exist" if current is None else f"points at version {current}"
                 wanted = "not to exist" if expected is None else f"to point at version {expected}"
@@ -346,7 +346,7 @@ class ArtifactStore(Reader):
         return json_safe(value, what)
 
 
-def _next_version(backend: Any, name: str, after: int) -> int:
+def _next_version(backend: Backend, name: str, after: int) -> int:
     """One past the highest published version above ``after`` (``after`` exists or is 0)."""
     numbers = version_numbers(backend, name, after=after)
     return (numbers[-1] if numbers else after) + 1

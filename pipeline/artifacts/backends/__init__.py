@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from pipeline.artifacts.errors import ArtifactError
 from pipeline.artifacts.roots import S3Root, parse_root
 
 
@@ -122,8 +123,6 @@ def open_backend(
 
         return S3Backend(parsed, lock_timeout=lock_timeout, client=client)
     if client is not None:
-        from pipeline.artifacts.errors import ArtifactError
-
         raise ArtifactError(f"client= is for s3:// stores; {str(root)!r} is a local directory")
     from pipeline.artifacts.backends.local import LocalBackend
 
