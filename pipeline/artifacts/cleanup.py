@@ -10,8 +10,9 @@ local store, ``gc`` holds the root's gc lock exclusively (every writer holds it 
 on S3, where a publisher on another machine cannot be excluded, only leftovers older
 than ``older_than`` are removed, blobs are listed *before* manifests are read (a blob
 written after the listing is not a candidate), and a publisher that reuses an existing
-blob renews its age first. What remains is a publish that takes longer than
-``older_than`` between storing its first blob and creating its manifest.
+blob renews its age first. What remains: a publish slower than ``older_than`` from its
+first blob to its manifest, or one that reuses an old unreferenced blob between gc's
+listing and its delete; ``verify`` names a blob lost that way.
 """
 
 from __future__ import annotations
