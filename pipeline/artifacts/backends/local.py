@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import time
 from collections.abc import Iterator
@@ -25,6 +26,9 @@ from pathlib import Path
 
 from pipeline.artifacts import fsio
 from pipeline.artifacts.backends import ObjectInfo, Tagged, new_buffer
+
+_MAP_BYTES = 1 << 20
+"""Files at least this large are mapped rather than read (the params blobs)."""
 
 
 class _NoLease:
@@ -49,9 +53,15 @@ class LocalBackend:
 
     def read(self, key: str) -> memoryview:
         with open(self._path(key), "rb", buffering=0) as handle:
-            buffer = new_buffer(os.fstat(handle.fileno()).st_size)
+            size = os.fstat(handle.fileno()).st_size
+            if size >= _MAP_BYTES:
+                # A private copy-on-write mapping: no copy, and whoever writes into the
+                # tensors made from it gets pages of their own. Blobs are never rewritten
+                # (read-only, linked once), so the pages verified are the pages loaded.
+                return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
+            buffer = new_buffer(size)
             filled = 0
-            while filled < len(buffer) and (count := handle.readinto(buffer[filled:])):
+            while filled < size and (count := handle.readinto(buffer[filled:])):
                 filled += count
         return buffer[:filled]
 
