@@ -158,7 +158,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     return make_storage(request, tmp_path)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_eight_processes_publishing_ten_versions_each_get_versions_1_to_80(storage, tmp_path):
     launcher = _python(_CONCURRENT_PUBLISHERS, storage.root, "8", "10", str(tmp_path))
     try:
@@ -166,7 +166,7 @@ def test_eight_processes_publishing_ten_versions_each_get_versions_1_to_80(stora
             lambda: (tmp_path / "ready").exists() or launcher.poll() is not None, 60, "publishers"
         )
         (tmp_path / "go").touch()
-        _, stderr = launcher.communicate(timeout=90)
+        _, stderr = launcher.communicate(timeout=240)
     finally:
         if launcher.poll() is None:
             launcher.kill()
