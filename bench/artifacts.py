@@ -36,6 +36,10 @@ from typing import Any, TypeVar
 # `learners` package; the repository root must come first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Run as a script, this folder comes first on sys.path and bench/learners.py would shadow the
+# `learners` package; the repository root must come first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch
 from safetensors.torch import load_file, save, save_file
 

@@ -9,7 +9,8 @@
    held-out steps 0/1/10 table; target: MSE after 1 step <= 0.40. Minutes; on demand only.
 
 Run: `.venv/bin/python bench/learners.py [--full]`. Timings are the best of many calls,
-interleaved with the baseline's, after warm-up.
+interleaved with the baseline's, after warm-up. Each figure is written as a record
+(`bench/records.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.func import functional_call, grad
 # the `learners` package; the repository root must come first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.records import Baseline, write_record
 from learners import (
     MLP,
     DifferentiableLearner,
@@ -94,13 +96,25 @@ def _update_case(obs_dim: int, hidden: tuple[int, ...], rows: int) -> None:
             p = {name: p[name] - 0.01 * g[name] for name in p}
         return p
 
+    calls = 300
     times = _best_times(
-        {"hand": hand_written, "update": lambda: learner.update(params, batch)}, 300
+        {"hand": hand_written, "update": lambda: learner.update(params, batch)}, calls
     )
     print(
         f"   MLP {obs_dim}-{'-'.join(map(str, hidden))}-1, batch {rows}: "
         f"hand {times['hand'] * 1e3:.2f} ms, update {times['update'] * 1e3:.2f} ms, "
         f"ratio {times['update'] / times['hand']:.3f} (target <= 1.10)"
+    )
+    mlp = "-".join(map(str, (obs_dim, *hidden, 1)))
+    write_record(
+        "learners",
+        f"1-update-mlp-{mlp}",
+        "DifferentiableLearner.update, 5 SGD steps, seconds per call (best of the calls)",
+        times["update"],
+        "s",
+        baseline=Baseline("hand-written torch.func loop, same steps, s per call", times["hand"]),
+        target="<= 1.10",
+        shape={"mlp": mlp, "batch": rows, "steps": 5, "calls": calls},
     )
 
 
@@ -114,10 +128,21 @@ def bench_vmap_vs_loop() -> None:
     print("2. MetaLearner.step over 25 sinusoid tasks: vmap vs per-task loop")
     meta_batch = _sinusoid_batch(25, 10, np.random.default_rng(0))
     learners = {v: MetaLearner({"vectorize": v}) for v in ("vmap", "loop")}
-    times = _best_times({v: lambda v=v: learners[v].step(meta_batch) for v in learners}, 60)
+    calls = 60
+    times = _best_times({v: lambda v=v: learners[v].step(meta_batch) for v in learners}, calls)
     print(
         f"   vmap {times['vmap'] * 1e3:.2f} ms, loop {times['loop'] * 1e3:.2f} ms, "
         f"speed-up {times['loop'] / times['vmap']:.1f}x (target >= 6x)"
+    )
+    write_record(
+        "learners",
+        "2-vmap-vs-loop",
+        "vmapped MetaLearner.step, meta-steps/s (best call)",
+        1 / times["vmap"],
+        "steps/s",
+        baseline=Baseline("per-task loop MetaLearner.step, meta-steps/s", 1 / times["loop"]),
+        target=">= 6",
+        shape={"tasks": 25, "support": 10, "query": 10, "calls": calls},
     )
 
 
@@ -126,7 +151,7 @@ def bench_saved_memory() -> None:
     meta_batch = _sinusoid_batch(25, 10, np.random.default_rng(1))
     support, query = meta_batch["support"], meta_batch["query"]
     steps_range = [1, 2, 4, 8, 16]
-    slopes = {}
+    slopes, saved = {}, {}
     for algorithm in ("maml", "fomaml"):
         learner = MetaLearner({"algorithm": algorithm})
 
@@ -139,12 +164,24 @@ def bench_saved_memory() -> None:
             return torch.func.vmap(task)(support, query).mean()
 
         sizes = [saved_tensor_bytes([meta_loss(steps)]) / 1024 for steps in steps_range]
+        saved[algorithm] = sizes
         slopes[algorithm] = float(np.polyfit(steps_range, sizes, 1)[0])
         row = ", ".join(f"{n}: {kib:.0f}" for n, kib in zip(steps_range, sizes, strict=True))
         print(f"   {algorithm:7s} KiB by steps {{{row}}}; slope {slopes[algorithm]:.1f} KiB/step")
     print(
         f"   second order grows {slopes['maml']:.1f} KiB per step, first order "
         f"{slopes['fomaml']:.1f} (flat: {abs(slopes['fomaml']) < 0.01 * slopes['maml']})"
+    )
+    write_record(
+        "learners",
+        "3-saved-memory-first-order",
+        "first-order (fomaml) saved-for-backward growth, |slope| over inner steps",
+        abs(slopes["fomaml"]),
+        "KiB/step",
+        baseline=Baseline("second-order (maml) growth, slope", slopes["maml"]),
+        target="<= 0.01",
+        shape={"tasks": 25, "support": 10, "query": 10, "inner_steps": steps_range},
+        details={"kib_by_steps": saved},
     )
 
 
@@ -194,6 +231,16 @@ def bench_sinusoid_full(iterations: int = 70_000) -> None:
     for iteration, curve in table.items():
         print(f"   | {iteration} | {curve[0]:.3f} | {curve[1]:.3f} | {curve[10]:.3f} |")
     print(f"   held-out MSE after 1 step {table[iterations][1]:.3f} (target <= 0.40)")
+    write_record(
+        "learners",
+        "4-sinusoid-mse-1-step",
+        "MAML on the shipped sinusoid sample, held-out MSE after 1 inner step",
+        float(table[iterations][1]),
+        "MSE",
+        target="<= 0.40",
+        shape={"iterations": iterations, "tasks_per_step": 25, "support": k, "query": k},
+        details={"held_out_by_iteration": {str(i): curve for i, curve in table.items()}},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

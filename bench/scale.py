@@ -10,7 +10,8 @@ left is the cost of one more meta-step: compute, the all-reduce, the share of ch
 Report only. On a 2-core machine two learners share the cores that one learner already
 uses, so the 2-learner/1-learner ratio shows the cost of synchronising, not a speed-up.
 
-Run: ``.venv/bin/python bench/scale.py [--extra N]``.
+Run: ``.venv/bin/python bench/scale.py [--extra N]``. Each figure is written as a record
+(``bench/records.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 # `learners` package; the repository root must come first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.records import Baseline, write_record
 from flows.runtime import set_quiet_environment
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "sinusoid"
@@ -88,13 +90,24 @@ def main() -> None:
         data = read_episodes(SAMPLE / "train")
         rows: list[tuple[str, int, float, float]] = []
         with tempfile.TemporaryDirectory(prefix="offmeta-bench-scale-") as tmp:
+            # Untimed: the first training in a process pays one-time costs (imports, first
+            # kernels) that would otherwise land on the in-process short run alone and make
+            # its difference meaningless (measured: a negative rate).
+            _seconds(data, Path(tmp) / "warm-up", 0, SHORT)
             for label, learners in (("in process", 0), ("Ray Train", 1), ("Ray Train", 2)):
                 short = _seconds(data, Path(tmp), learners, SHORT)
                 long = _seconds(data, Path(tmp), learners, SHORT + args.extra)
+                if long <= short:
+                    raise RuntimeError(
+                        f"{label}, {learners} learners: {SHORT + args.extra} iterations took "
+                        f"{long:.1f} s, no longer than {SHORT} ({short:.1f} s); the machine "
+                        "was too busy to measure a rate: rerun, or raise --extra"
+                    )
                 rows.append((label, learners, args.extra / (long - short), short))
     finally:
         ray.shutdown()
     _print(rows, args.extra)
+    _write(rows, args.extra)
 
 
 def _print(rows: list[tuple[str, int, float, float]], extra: int) -> None:
@@ -122,6 +135,32 @@ def _print(rows: list[tuple[str, int, float, float]], extra: int) -> None:
         f"group). Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the "
         "end (other processes slow the 2-learner all-reduce most: both workers must run)."
     )
+
+
+def _write(rows: list[tuple[str, int, float, float]], extra: int) -> None:
+    (_, _, in_process, _), (_, _, one, _), (_, _, two, _) = rows
+    shape = {
+        "extra_iterations": extra,
+        "tasks_per_learner": TASKS_PER_LEARNER,
+        "support": SUPPORT,
+        "query": QUERY,
+    }
+    startup = {f"{label} {max(n, 1)}": short - SHORT / rate for label, n, rate, short in rows}
+    baseline = Baseline("Ray Train, 1 learner, meta-iterations/s", one)
+    for figure, description, rate in (
+        ("1-two-learners", "Ray Train, 2 learners (weak scaling), meta-iterations/s", two),
+        ("2-in-process", "one learner in this process, meta-iterations/s", in_process),
+    ):
+        write_record(
+            "scale",
+            figure,
+            description,
+            rate,
+            "it/s",
+            baseline=baseline,
+            shape=shape,
+            details={"startup_s": startup},
+        )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ the environment ``offmeta run`` gives it (``flows.runtime.QUIET_ENVIRONMENT``).
 
     .venv/bin/python bench/streams.py [--rows 5000000] [--steady-rows 1000000] [--rounds 3]
 
-Smaller runs for a quick look: ``--rows 500000 --steady-rows 200000`` (about a minute).
+Smaller runs for a quick look: ``--quick``, the same as ``--rows 500000 --steady-rows
+200000`` (a few minutes on a busy 2-core machine). Each figure is written as a record
+(``bench/records.py``) whose shape names the rows, so quick runs form their own ranges.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from bench.records import Baseline, write_record
 from flows.runtime import set_quiet_environment
 
 # The environment `offmeta run` gives Ray, set before Ray starts (here and in the peak-RSS
@@ -279,17 +282,38 @@ def _figure(name: str, ratio: float, target: str, lines: list[str]) -> None:
         print(f"  {line}")
 
 
+def _rows(path: Path) -> int:
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def _shape(rows: int, **extra: int) -> dict[str, int]:
+    return {
+        "rows": rows,
+        "files": FILES,
+        "obs_floats": 16,
+        "modules": len(MODULES),
+        "minibatch": MINIBATCH,
+        "learners": LEARNERS,
+        **extra,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=5_000_000, help="first-epoch rows (10x RSS)")
     parser.add_argument("--steady-rows", type=int, default=1_000_000, help="steady-epoch rows")
     parser.add_argument("--epochs", type=int, default=2, help="timed steady epochs")
     parser.add_argument("--rounds", type=int, default=3, help="first-epoch rounds (median)")
+    parser.add_argument(
+        "--quick", action="store_true", help="--rows 500000 --steady-rows 200000 (a quick look)"
+    )
     parser.add_argument("--rss-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child is not None:
         peak_rss_child(args.rss_child)
         return
+    if args.quick:
+        args.rows, args.steady_rows = 500_000, 200_000
     steady_files = max(1, min(FILES, round(args.steady_rows / (args.rows // FILES))))
     root = Path(tempfile.mkdtemp(prefix="offmeta-bench-streams-"))
     try:
@@ -339,9 +363,10 @@ def run_figures(
         stream_rows, stream_s = _median(streams)
         arrow_rows, arrow_s = _median(arrows)
         ray_rows, ray_s = ray_read_epoch(full)
+        first_ratio = sorted(ratios)[len(ratios) // 2]
         _figure(
             "1. first epoch from disk: LearnerStream / pyarrow (median of the rounds' ratios)",
-            sorted(ratios)[len(ratios) // 2],
+            first_ratio,
             ">= 0.5",
             [
                 f"LearnerStream {_rate(stream_rows, stream_s)}, median of {rounds}",
@@ -351,6 +376,26 @@ def run_figures(
                 f"batches, no shuffle or collate): {_rate(ray_rows, ray_s)}",
                 f"(read_episodes validation and fingerprint, not timed above: {validated:.2f} s)",
             ],
+        )
+        write_record(
+            "streams",
+            "1-first-epoch",
+            "first epoch from disk, LearnerStream rows/s (median of the rounds); ratio: "
+            "median of the rounds' ratios",
+            stream_rows / stream_s,
+            "rows/s",
+            baseline=Baseline(
+                "pyarrow read + group per module + zero-copy 512-row slices, rows/s",
+                arrow_rows / arrow_s,
+            ),
+            ratio=first_ratio,
+            target=">= 0.5",
+            shape=_shape(len(paths) * _rows(paths[0]), rounds=rounds),
+            details={
+                "round_ratios": ratios,
+                "ray_dataset_alone_rows_per_s": ray_rows / ray_s,
+                "validation_s": validated,
+            },
         )
 
         episodes = read_episodes(steady)
@@ -366,6 +411,20 @@ def run_figures(
                 f"reference     {_rate(ref_rows, ref_s)}",
             ],
         )
+        write_record(
+            "streams",
+            "2-steady-epochs",
+            "steady epochs on a materialized dataset, LearnerStream rows/s",
+            ours_rows / ours_s,
+            "rows/s",
+            baseline=Baseline(
+                "one persistent iter_torch_batches(512) per streaming_split split, grouped "
+                "per module (RLlib style), rows/s",
+                ref_rows / ref_s,
+            ),
+            target=">= 10",
+            shape=_shape(episodes.num_rows, epochs=epochs),
+        )
     finally:
         ray.shutdown()
     _figure(
@@ -373,6 +432,18 @@ def run_figures(
         large["peak_rss"] / small["peak_rss"],
         "<= 1.5",
         [f"{r['rows']:,} rows: {r['peak_rss'] / 2**20:.0f} MiB" for r in (small, large)],
+    )
+    write_record(
+        "streams",
+        "3-peak-rss",
+        "peak RSS of a process streaming one epoch of all the rows",
+        large["peak_rss"] / 2**20,
+        "MiB",
+        baseline=Baseline(
+            "peak RSS streaming one file (a tenth of the rows)", small["peak_rss"] / 2**20
+        ),
+        target="<= 1.5",
+        shape=_shape(len(paths) * _rows(paths[0]), base_rows=_rows(paths[0])),
     )
 
 

@@ -13,16 +13,19 @@ import re
 from typing import Any
 
 from flows.config import MetaTrainConfig
+from flows.consumer import learner_state_files
 from flows.datasets import Datasets
 from flows.evaluation import EvaluationReport
-from flows.training import TrainResult
-from pipeline.artifacts import ArtifactRef, ArtifactStore, Lineage, parse_root
-from pipeline.checkpoints import dump_state
+from flows.pictures import picture_files
+from flows.train_state import TrainResult
+from pipeline.artifacts import (
+    ArtifactNotFoundError,
+    ArtifactRef,
+    ArtifactStore,
+    Lineage,
+    parse_root,
+)
 
-LEARNER_TENSORS = "learner_state.safetensors"
-LEARNER_JSON = "learner_state.json"
-"""The full learner state (learned learning rates, optimizer, config) next to the params:
-``MetaLearner.from_state(pipeline.checkpoints.parse_state(tensors, json))`` rebuilds it."""
 EVALUATION_FILE = "evaluation.json"
 
 
@@ -34,11 +37,15 @@ def publish(
     *,
     flow_run_id: str | None,
     code_version: str | None,
+    run_id: str | None = None,
 ) -> ArtifactRef:
-    """Publish the trained parameters with metrics, config, lineage and learning curve.
+    """Publish the trained parameters with metrics, config, lineage, learning curve and the
+    evaluation's pictures (``flows.pictures``; a warm-started run's adaptation curve shows
+    its parent's beside its own).
 
-    Publishing again for the same ``flow_run_id`` (a retried task) returns the version
-    the first attempt published.
+    Publishing again for the same ``run_id`` (the run directory's name: a retried task, a
+    resumed run), or without one for the same ``flow_run_id``, returns the version the
+    first attempt published.
     """
     metrics: dict[str, Any] = {
         "iterations": trained.iterations,
@@ -62,13 +69,14 @@ def publish(
             "checkpoint": str(trained.checkpoint),
         },
     )
-    tensor_bytes, json_bytes = dump_state(trained.learner_state)
     files = [
-        (LEARNER_TENSORS, tensor_bytes),
-        (LEARNER_JSON, json_bytes),
+        # The full learner state, which flows.consumer.load_learner rebuilds.
+        *learner_state_files(trained.learner_state),
         (EVALUATION_FILE, (json.dumps(report.to_dict(), indent=2) + "\n").encode()),
     ]
-    return ArtifactStore(cfg.artifacts.root).publish(
+    store = ArtifactStore(cfg.artifacts.root)
+    files += picture_files(cfg.artifacts.name, report, _parent_evaluation(store, trained.parent))
+    return store.publish(
         cfg.artifacts.name,
         trained.learner_state["params"],
         metrics=metrics,
@@ -76,8 +84,19 @@ def publish(
         lineage=lineage,
         history=trained.history,
         files=files,
-        idempotency_key=f"meta-train/{flow_run_id}" if flow_run_id else None,
+        idempotency_key=f"meta-train/{key}" if (key := run_id or flow_run_id) else None,
     )
+
+
+def _parent_evaluation(store: ArtifactStore, parent: str | None) -> tuple[str, Any] | None:
+    """``(parent, its evaluation.json)`` for ``adaptation.png``; None without a parent or
+    when the parent holds no evaluation (published by another tool)."""
+    if parent is None:
+        return None
+    try:
+        return parent, json.loads(store.read_file(parent, EVALUATION_FILE))
+    except ArtifactNotFoundError:
+        return None
 
 
 def prefect_artifact_keys(name: str) -> dict[str, str]:
@@ -161,7 +180,31 @@ def _markdown(
             "",
             *table,
             "",
-            "The learning curve (`learning_curve.png`, `history.json`) is stored with the "
-            f"version: `offmeta artifacts export {ref} DIR --root {parse_root(store_root)}`.",
+            "## Pictures",
+            "",
+            *_picture_lines(ref, store_root),
         ]
     )
+
+
+def _picture_lines(ref: ArtifactRef, store_root: str) -> list[str]:
+    """Markdown naming each stored picture, its data file and where the version keeps them."""
+    described = {
+        "learning_curve.png": "training losses, gradient norm and learned inner learning rates "
+        "by meta-iteration",
+        "adaptation.png": "held-out query loss against inner steps (and the parent's)",
+        "rollouts.png": "episodes of the unadapted, adapted and expert policies on four "
+        "held-out goals",
+    }
+    files = ArtifactStore(store_root).get(str(ref)).files
+    lines = [
+        f"- `{png}` ({text}; data: `{png.removesuffix('.png')}.json`)"
+        for png, text in described.items()
+        if png in files
+    ]
+    return [
+        *lines,
+        "",
+        f"They are files of `{ref}` in the artifact store `{store_root}`; write them out with "
+        f"`offmeta artifacts export {ref} DIR --root {store_root}`.",
+    ]

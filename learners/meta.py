@@ -42,6 +42,10 @@ STATE_FORMAT = 1
 _COUNTED = ("inner_nonfinite_tasks", "outer_skipped")
 _NOT_LOGGED = ("num_tasks", "weights_seq_no")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+# What each task reports per module, by name (`_task_objective`): its losses, then the count
+# of its non-finite inner steps.
+_LOSSES = ("query_loss", "support_loss_before", "support_loss_after")
+_AUX = (*_LOSSES, "nonfinite")
 
 
 class MetaGradients(NamedTuple):
@@ -148,7 +152,7 @@ class MetaLearner:
         if self.config.vectorize == "vmap":
             totals, aux = self._vmapped_task(self._params, self._log_lrs, support, query)
             if self.config.inner.nonfinite == "error":
-                flagged = {m: {"nonfinite": a[:, 3] > 0} for m, a in aux.items()}
+                flagged = {m: {"nonfinite": a["nonfinite"] > 0} for m, a in aux.items()}
                 raise_on_nonfinite(flagged, f"met in {{count}} of {num_tasks} tasks")
             totals.mean().backward()
         else:
@@ -162,7 +166,10 @@ class MetaLearner:
                 )
                 (total / num_tasks).backward()
                 per_task.append(task_aux)
-            aux = {m: torch.stack([a[m] for a in per_task]) for m in per_task[0]}
+            aux = {
+                m: {key: torch.stack([a[m][key] for a in per_task]) for key in named}
+                for m, named in per_task[0].items()
+            }
         grads = MetaGradients(
             {m: {n: _grad_of(p) for n, p in self._params[m].items()} for m in self._trained},
             {k: _grad_of(v) for k, v in self._log_lrs.items()},
@@ -226,6 +233,15 @@ class MetaLearner:
         No gradient reaches the meta-parameters (adaptation differentiates only the
         adapted copies).
         """
+        per_task = self.evaluate_tasks(meta_batch, steps)
+        curves = torch.stack(list(per_task.values()), dim=1)
+        return dict(zip(per_task, curves.mean(0).tolist(), strict=True))
+
+    def evaluate_tasks(
+        self, meta_batch: MetaBatch, steps: Iterable[int] = (0, 1, 5, 10)
+    ) -> dict[int, Tensor]:
+        """`evaluate` before the mean: each task's query loss (a `[tasks]` tensor, in the
+        meta-batch's task order) for each number of `steps`, in increasing order."""
         wanted = sorted(set(steps))
         if not wanted or wanted[0] < 0:
             raise ValueError(f"steps must be non-negative integers, got {list(steps)}")
@@ -248,7 +264,7 @@ class MetaLearner:
                         for i in range(num_tasks)
                     ]
                 )
-        return dict(zip(wanted, curves.mean(0).tolist(), strict=True))
+        return dict(zip(wanted, curves.unbind(1), strict=True))
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to rebuild this learner and continue exactly (`from_state`)."""
@@ -322,21 +338,21 @@ class MetaLearner:
 
     def _task_objective(
         self, params: Params, log_lrs: dict[str, Tensor], support: Batch, query: Batch
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> tuple[Tensor, dict[str, dict[str, Tensor]]]:
+        """One task's summed query loss (the meta-objective) and, per module, its detached
+        aux values by name (`_AUX`); under vmap every value gains a leading task dimension."""
         lrs = lrs_from_log(log_lrs, params, self.config.inner.learned_lr) if log_lrs else None
         result = self.inner.update(params, support, lrs=lrs)
         query_losses = self.inner.compute_losses(result.params, query)
         with torch.no_grad():
             after = self.inner.compute_losses(detach_params(result.params), support)
         aux = {
-            m: torch.stack(
-                [
-                    query_losses[m].detach(),
-                    result.metrics[m]["loss_before"],
-                    after[m],
-                    result.metrics[m]["nonfinite"],
-                ]
-            )
+            m: {
+                "query_loss": query_losses[m].detach(),
+                "support_loss_before": result.metrics[m]["loss_before"],
+                "support_loss_after": after[m],
+                "nonfinite": result.metrics[m]["nonfinite"],
+            }
             for m in query_losses
         }
         return torch.stack(list(query_losses.values())).sum(), aux
@@ -356,20 +372,26 @@ class MetaLearner:
             )
         return torch.stack(losses)
 
-    def _task_metrics(self, aux: dict[str, Tensor], num_tasks: int) -> dict[str, Tensor | int]:
-        means = {m: a.mean(0) for m, a in aux.items()}
-        total = torch.stack(list(means.values())).sum(0)
-        metrics: dict[str, Tensor | int] = {
-            "query_loss": total[0],
-            "support_loss_before": total[1],
-            "support_loss_after": total[2],
-            "inner_nonfinite_tasks": torch.stack([(a[:, 3] > 0).sum() for a in aux.values()]).sum(),
-            "num_tasks": num_tasks,
-        }
+    def _task_metrics(
+        self, aux: dict[str, dict[str, Tensor]], num_tasks: int
+    ) -> dict[str, Tensor | int]:
+        """Step metrics from per-module aux values shaped [tasks]: losses are means over
+        tasks summed over modules; inner_nonfinite_tasks counts tasks with a non-finite step."""
+        # One reduction over tasks per module, of a [tasks, len(_AUX)] tensor whose columns are
+        # named by _AUX at once: a column reduced on its own is summed in another order and
+        # would change the reported losses in their last bit.
+        stacked = {m: torch.stack([a[key] for key in _AUX], dim=1).mean(0) for m, a in aux.items()}
+        means = {m: dict(zip(_AUX, mean.unbind(), strict=True)) for m, mean in stacked.items()}
+        total = dict(zip(_AUX, torch.stack(list(stacked.values())).sum(0).unbind(), strict=True))
+        metrics: dict[str, Tensor | int] = {key: total[key] for key in _LOSSES}
+        metrics["inner_nonfinite_tasks"] = torch.stack(
+            [(a["nonfinite"] > 0).sum() for a in aux.values()]
+        ).sum()
+        metrics["num_tasks"] = num_tasks
         if len(means) > 1:
             for m, mean in means.items():
-                metrics[f"{m}/query_loss"] = mean[0]
-                metrics[f"{m}/support_loss_after"] = mean[2]
+                metrics[f"{m}/query_loss"] = mean["query_loss"]
+                metrics[f"{m}/support_loss_after"] = mean["support_loss_after"]
         return metrics
 
     def _lr_stats(self) -> dict[str, Tensor]:

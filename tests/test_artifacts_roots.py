@@ -3,16 +3,32 @@ name before a byte is written (also in a run config)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from flows.cli import main
 from flows.config import ConfigError, validate_config
-from pipeline.artifacts import ArtifactError, ArtifactStore, S3Root, parse_root
+from pipeline.artifacts import (
+    ArtifactError,
+    ArtifactStore,
+    S3Root,
+    UnsupportedRootError,
+    parse_root,
+)
 from tests.flow_runs import tiny_document
 
 SUPPORTED = "a directory path, a file:// URI or s3://bucket/prefix"
+REPO = Path(__file__).resolve().parents[1]
+POINT_ROBOT = REPO / "flows" / "configs" / "point_robot.yaml"
+OFFMETA = str(Path(sys.executable).with_name("offmeta"))
+GS_REFUSED = (
+    "artifact store root 'gs://bucket/prefix' has the scheme 'gs://', which the store cannot "
+    f"write to; expected {SUPPORTED}"
+)
 
 
 def test_accepted_roots(tmp_path, monkeypatch):
@@ -24,6 +40,9 @@ def test_accepted_roots(tmp_path, monkeypatch):
     assert parse_root("s3://models/offmeta/prod/") == S3Root("models", "offmeta/prod")
     assert parse_root("s3://models") == S3Root("models", "")
     assert str(S3Root("models", "offmeta/prod")) == "s3://models/offmeta/prod"
+    # A path object is a path even when its text looks like a URI; later colons are plain.
+    assert parse_root(Path("s3:") / "bucket") == tmp_path / "s3:" / "bucket"
+    assert parse_root("runs/a:b") == tmp_path / "runs" / "a:b"
 
 
 @pytest.mark.parametrize(
@@ -74,7 +93,7 @@ def test_accepted_roots(tmp_path, monkeypatch):
 )
 def test_refused_roots_name_the_root_and_what_is_accepted(root, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ArtifactError) as raised:
+    with pytest.raises(UnsupportedRootError) as raised:
         parse_root(root)
     assert str(raised.value) == message
     with pytest.raises(ArtifactError, match=r"^artifact store root"):
@@ -102,3 +121,50 @@ def test_a_run_config_accepts_s3_roots_and_refuses_other_schemes(tmp_path):
         "  artifacts.root: artifact store root 'gs://models/offmeta' has the scheme 'gs://', "
         f"which the store cannot write to; expected {SUPPORTED}"
     )
+
+
+def test_offmeta_run_refuses_such_a_root_as_an_invalid_config(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    status = main(
+        ["run", "--config", str(POINT_ROBOT), "--set", "artifacts.root=gs://bucket/prefix"]
+    )
+    assert status == 2  # as for every invalid config: nothing ran
+    assert capsys.readouterr().err == (
+        f"offmeta run: invalid config {POINT_ROBOT} (1 error):\n  artifacts.root: {GS_REFUSED}\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["list", "gc"])
+def test_the_cli_refuses_such_a_root_in_one_line_and_writes_nothing(
+    command: str, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [OFFMETA, "artifacts", command, "--root", "gs://bucket/prefix"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"offmeta artifacts {command}: error: {GS_REFUSED}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cli_accepts_a_file_uri_root(tmp_path: Path) -> None:
+    ArtifactStore(tmp_path / "store", durable=False).publish(
+        "maml", {"p": {"w": torch.ones(2)}}, metrics={}, config={}, lineage={}
+    )
+    done = subprocess.run(
+        [OFFMETA, "artifacts", "list", "--root", (tmp_path / "store").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert [line.split()[:3] for line in done.stdout.splitlines()] == [
+        ["NAME", "VERSIONS", "LATEST"],
+        ["maml", "1", "1"],
+    ]

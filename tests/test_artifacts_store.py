@@ -147,6 +147,7 @@ def test_manifest_records_everything_about_a_version(store, storage, tmp_path):
         "config.json",
         "eval.json",
         "history.json",
+        "learning_curve.json",
         "learning_curve.png",
         "metrics.json",
         "notes.md",
@@ -367,6 +368,7 @@ def test_export_writes_a_standalone_safetensors_file_and_the_manifest(store, tmp
     assert sorted(p.name for p in written) == [
         "config.json",
         "history.json",
+        "learning_curve.json",
         "learning_curve.png",
         "manifest.json",
         "metrics.json",

@@ -69,7 +69,8 @@ def test_resume_from_a_checkpoint_alone_reproduces_an_uninterrupted_run(override
         assert torch.equal(resumed.log_lrs[key], log_lr), key
     reduced, expected = resumed.metrics.reduce(), straight.metrics.reduce()
     assert reduced["num_tasks_trained_lifetime"] == expected["num_tasks_trained_lifetime"] == 40
-    assert reduced["query_loss"] == pytest.approx(expected["query_loss"], rel=1e-6)
+    # The same losses (bit-identical parameters give them) averaged in the same order.
+    assert reduced["query_loss"] == expected["query_loss"]
 
 
 def test_the_state_is_a_snapshot_and_carries_the_config():

@@ -7,16 +7,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tolerances import largest, rounding_tolerance
 
 from pipeline.dataset import inspect_episodes
 from pipeline.synthetic import PointRobotTasks, SinusoidTasks, generate
 from pipeline.synthetic.point_robot import (
+    EPISODE_STEPS,
     MAX_ACTION,
+    START_NOISE,
     PointRobotEnv,
     expert_actions,
     rollout_returns,
     sample_goals,
 )
+
+F32 = np.float32
 
 
 def _fingerprints(out) -> tuple[str, str]:
@@ -74,7 +79,10 @@ def test_sinusoid_round_trip(tmp_path):
     params = [train.metadata["tasks"][t] for t in task_ids]
     amplitude = np.array([p["amplitude"] for p in params])
     phase = np.array([p["phase"] for p in params])
-    np.testing.assert_allclose(y, amplitude * np.sin(x - phase), rtol=1e-5, atol=1e-5)
+    # x and y were rounded once each to float32; y moves by at most amplitude * |dx|.
+    magnitude = largest([amplitude]) * largest([x]) + largest([y])
+    atol = rounding_tolerance(F32, magnitude=magnitude, ops=1)
+    np.testing.assert_allclose(y, amplitude * np.sin(x - phase), rtol=0, atol=atol)
     assert (amplitude >= 0.1).all() and (amplitude <= 5.0).all()
     assert (np.abs(x) <= 5.0).all()
     truncated = table.column("truncateds").to_numpy()
@@ -98,13 +106,25 @@ def test_point_robot_round_trip_follows_the_environment(tmp_path):
         [train.metadata["tasks"][t]["goal"] for t in table.column("task_id").to_pylist()]
     )
     assert (np.abs(actions) <= MAX_ACTION).all()
-    np.testing.assert_allclose(new_obs, obs + actions, atol=1e-6)
+    # Positions are float64 in the environment: obs and new_obs are each rounded once to
+    # float32, and so is their float32 sum here.
+    atol = rounding_tolerance(F32, magnitude=largest([obs, new_obs]), ops=3)
+    np.testing.assert_allclose(new_obs, obs + actions, rtol=0, atol=atol)
+    # The reward (minus a distance, which moves by at most what new_obs does) was rounded
+    # once to float32, and new_obs once per coordinate.
+    rewards = table.column("rewards").to_numpy()
     distance = np.linalg.norm(new_obs - goals, axis=-1)
-    np.testing.assert_allclose(table.column("rewards").to_numpy(), -distance, atol=1e-5)
-    np.testing.assert_allclose(np.linalg.norm(goals, axis=-1), 1.0, atol=1e-5)
+    atol = rounding_tolerance(F32, magnitude=largest([rewards]) + largest([new_obs]), ops=2)
+    np.testing.assert_allclose(rewards, -distance, rtol=0, atol=atol)
+    # Goals are recorded to 6 decimals: each coordinate within 5e-7, the norm within sqrt(2)
+    # times that, plus the float64 rounding of the norm.
+    atol = 2**0.5 * 5e-7 + rounding_tolerance(np.float64, magnitude=1.0, ops=4)
+    np.testing.assert_allclose(np.linalg.norm(goals, axis=-1), 1.0, rtol=0, atol=atol)
     assert (goals[:, 1] >= 0).all()
     steps = table.column("t").to_numpy()
-    assert (np.abs(obs[steps == 0]) <= 0.05).all()
+    # Starts are uniform within START_NOISE, then rounded once to float32.
+    bound = START_NOISE + rounding_tolerance(F32, magnitude=START_NOISE, ops=1)
+    assert (np.abs(obs[steps == 0]) <= bound).all()
     assert table.column("truncateds").to_numpy().sum() == 12
     assert not table.column("terminateds").to_numpy().any()
 
@@ -130,8 +150,11 @@ def test_environment_clips_rewards_and_truncates():
     obs = env.reset(np.random.default_rng(0))
     np.testing.assert_array_equal(obs, np.zeros((2, 2), np.float32))
     obs, rewards, terminateds, truncateds = env.step(np.array([[5.0, 0.0], [0.0, -5.0]]))
-    np.testing.assert_allclose(obs, [[0.1, 0.0], [0.0, -0.1]])
-    np.testing.assert_allclose(rewards, [-0.9, -1.1], rtol=1e-6)
+    # Each rounded once from float64 to float32.
+    atol = rounding_tolerance(F32, magnitude=0.1, ops=1)
+    np.testing.assert_allclose(obs, [[0.1, 0.0], [0.0, -0.1]], rtol=0, atol=atol)
+    atol = rounding_tolerance(F32, magnitude=1.1, ops=1)
+    np.testing.assert_allclose(rewards, [-0.9, -1.1], rtol=0, atol=atol)
     assert not terminateds.any() and not truncateds.any()
     *_, truncateds = env.step(np.zeros((2, 2)))
     assert truncateds.all()
@@ -147,7 +170,10 @@ def test_noiseless_expert_reaches_its_goal():
     for _ in range(20):
         actions = expert_actions(obs, goals, rng, noise_std=0.0, random_fraction=0.0)
         obs, rewards, _, _ = env.step(actions)
-    assert (-rewards < 1e-3).all()
+    # Every goal is at most 1 + START_NOISE * sqrt(2) < 2 = 20 * MAX_ACTION away, so the robot
+    # sits on it, but for rounding: its float32 observation and action (each a 2-vector of
+    # size about 1, rounded once per coordinate) and the float32 reward.
+    assert (-rewards <= rounding_tolerance(F32, magnitude=largest([goals]), ops=5)).all()
 
 
 def test_rollout_returns_rows_follow_their_goals():
@@ -157,7 +183,10 @@ def test_rollout_returns_rows_follow_their_goals():
         # Row i must be the episode of goals[i], or this policy walks the wrong way.
         return np.clip(goals - obs, -MAX_ACTION, MAX_ACTION)
 
+    starts = []
+
     def standing_still(obs: np.ndarray) -> np.ndarray:
+        starts.append(obs)
         return np.zeros_like(obs)
 
     expert = rollout_returns(cheating_policy, goals, seed=2)
@@ -165,4 +194,9 @@ def test_rollout_returns_rows_follow_their_goals():
     assert expert.shape == (6,)
     assert (expert > still).all()
     np.testing.assert_array_equal(expert, rollout_returns(cheating_policy, goals, seed=2))
-    assert still.mean() == pytest.approx(-20.0, abs=0.2)
+    # Standing still earns minus the distance from the start at each of the 20 steps; the
+    # float32 start (rounded once) and each float32 reward (rounded once) explain the rest.
+    distance = np.linalg.norm(goals - starts[0], axis=-1)
+    assert len(starts) == EPISODE_STEPS
+    atol = rounding_tolerance(F32, magnitude=EPISODE_STEPS * largest([distance]), ops=2)
+    np.testing.assert_allclose(still, -EPISODE_STEPS * distance, rtol=0, atol=atol)

@@ -194,6 +194,14 @@ def _show(store: ArtifactStore, args: argparse.Namespace) -> int:
         for name, entry in sorted(manifest.files.items())
     ]
     _print_table(["FILE", "SIZE", "TYPE", "DIGEST"], file_rows, indent="  ")
+    pictures = [
+        name for name, entry in sorted(manifest.files.items()) if entry.media_type == "image/png"
+    ]
+    if pictures:
+        print(
+            f"pictures: {', '.join(pictures)} (write them out: offmeta artifacts export "
+            f"{manifest.spec} DIR)"
+        )
     return 0
 
 

@@ -17,6 +17,7 @@ from pipeline.artifacts.errors import (
     IntegrityError,
     LockTimeoutError,
     StorageError,
+    UnsupportedRootError,
 )
 from pipeline.artifacts.manifest import ArtifactRef, Lineage, Manifest
 from pipeline.artifacts.roots import S3Root, parse_root
@@ -36,5 +37,6 @@ __all__ = [
     "Manifest",
     "S3Root",
     "StorageError",
+    "UnsupportedRootError",
     "parse_root",
 ]

@@ -11,6 +11,10 @@ class ArtifactNameError(ArtifactError, ValueError):
     """A name, alias, file name or reference string that cannot be used."""
 
 
+class UnsupportedRootError(ArtifactError, ValueError):
+    """A store root the store cannot use (an unknown URI scheme, a remote host, a bad bucket)."""
+
+
 class ArtifactNotFoundError(ArtifactError, LookupError):
     """The requested artifact, version, alias or file does not exist."""
 

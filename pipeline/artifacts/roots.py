@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from pipeline.artifacts.errors import ArtifactError
+from pipeline.artifacts.errors import UnsupportedRootError
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 # S3 bucket naming rules (general purpose buckets): 3-63 lowercase letters, digits, '.', '-'.
@@ -39,12 +39,12 @@ class S3Root:
 def parse_root(root: str | os.PathLike[str]) -> Path | S3Root:
     """The absolute directory of a local store, or the bucket and prefix of an S3 store.
 
-    Raises ArtifactError naming the root, what was wrong and what is accepted.
+    Raises UnsupportedRootError naming the root, what was wrong and what is accepted.
     """
     if isinstance(root, os.PathLike):
         return Path(root).absolute()
     if not isinstance(root, str) or not root:
-        raise ArtifactError(
+        raise UnsupportedRootError(
             f"artifact store root must be a non-empty string or path, got {root!r}; "
             f"expected {_SUPPORTED}"
         )
@@ -56,7 +56,7 @@ def parse_root(root: str | os.PathLike[str]) -> Path | S3Root:
         return _file_root(root)
     if scheme == "s3":
         return _s3_root(root)
-    raise ArtifactError(
+    raise UnsupportedRootError(
         f"artifact store root {root!r} has the scheme '{scheme}://', which the store cannot "
         f"write to; expected {_SUPPORTED}"
     )
@@ -65,12 +65,12 @@ def parse_root(root: str | os.PathLike[str]) -> Path | S3Root:
 def _file_root(root: str) -> Path:
     parts = urlsplit(root)
     if parts.netloc not in ("", "localhost"):
-        raise ArtifactError(
+        raise UnsupportedRootError(
             f"artifact store root {root!r} names the host {parts.netloc!r}; a file:// root "
             f"must be local (file:///absolute/path)"
         )
     if parts.query or parts.fragment or not parts.path:
-        raise ArtifactError(
+        raise UnsupportedRootError(
             f"artifact store root {root!r} is not a plain file:// URI; "
             f"expected file:///absolute/path"
         )
@@ -81,7 +81,7 @@ def _s3_root(root: str) -> S3Root:
     rest = root[len("s3://") :]
     bucket, _, prefix = rest.partition("/")
     if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-        raise ArtifactError(
+        raise UnsupportedRootError(
             f"artifact store root {root!r} names the bucket {bucket!r}, which is not a valid "
             f"S3 bucket name (3-63 lowercase letters, digits, '.' and '-'); "
             f"expected s3://bucket/prefix"
@@ -91,7 +91,7 @@ def _s3_root(root: str) -> S3Root:
     if any(segment in ("", ".", "..") for segment in segments) or any(
         ord(char) < 32 for char in prefix
     ):
-        raise ArtifactError(
+        raise UnsupportedRootError(
             f"artifact store root {root!r} has the prefix {prefix!r}, with an empty, '.' or "
             f"'..' segment or a control character; expected s3://bucket/some/prefix"
         )

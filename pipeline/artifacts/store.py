@@ -53,7 +53,7 @@ from pipeline.artifacts.manifest import (
     json_safe,
 )
 from pipeline.artifacts.names import parse_version, validate_name
-from pipeline.artifacts.plots import check_history, learning_curve_png
+from pipeline.artifacts.plots import check_history, learning_curve_files
 from pipeline.artifacts.reader import Reader, alias_record, read_manifest, version_numbers
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ RESERVED_FILES = frozenset(
         "config.json",
         "history.json",
         "learning_curve.png",
+        "learning_curve.json",
         "manifest.json",
     }
 )
@@ -117,9 +118,10 @@ class ArtifactStore(Reader):
         """Store a new version of ``name`` and return its reference.
 
         ``params`` is ``{module_id: {param_name: Tensor}}``. ``config`` is a mapping or a
-        pydantic model. ``history`` (``{metric: [values]}``) adds history.json and
-        learning_curve.png. ``files`` attaches paths or ``(file_name, bytes)`` pairs. A
-        publish whose ``idempotency_key`` was already used for ``name`` returns that
+        pydantic model. ``history`` (``{metric: [values]}``, optionally with an ``iteration``
+        series as the x axis) adds history.json, learning_curve.png and learning_curve.json
+        (``pipeline.artifacts.plots``). ``files`` attaches paths or ``(file_name, bytes)``
+        pairs. A publish whose ``idempotency_key`` was already used for ``name`` returns that
         version unchanged: the first publish under a key wins, later ones are dropped.
 
         ``on_stage``, when given, is called with ``"blobs-written"`` (every blob stored,
@@ -196,8 +198,10 @@ class ArtifactStore(Reader):
         }
         if history is not None:
             stored["history.json"] = writer.put_bytes(_json_bytes(history), "application/json")
-            png = learning_curve_png(history, title=f"{name} learning curve")
-            stored["learning_curve.png"] = writer.put_bytes(png, "image/png")
+            for file_name, content in learning_curve_files(
+                history, f"{name} learning curve"
+            ).items():
+                stored[file_name] = writer.put_bytes(content, media_type(file_name))
         for file_name, source in extras:
             if isinstance(source, bytes):
                 stored[file_name] = writer.put_bytes(source, media_type(file_name))
