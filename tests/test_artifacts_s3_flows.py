@@ -28,9 +28,9 @@ def test_a_run_publishes_to_s3_and_the_next_one_warm_starts_from_it(
     data = tiny_point_robot(tmp_path / "point_robot")
     cfg = tiny_config(data, tmp_path, [f"artifacts.root={s3_root}"])
     datasets = validate_dataset.fn(cfg)
-    trained = train_learner.fn(cfg, datasets)
+    trained = train_learner.fn(cfg, datasets, str(tmp_path / "runs" / "first"))
     report = evaluate_learner.fn(cfg, trained, datasets)
-    ref = publish_result.fn(cfg, trained, report, datasets)
+    ref = publish_result.fn(cfg, trained, report, datasets, "first")
     assert str(ref) == "tiny-robot:1"
     assert ref.uri == f"{s3_root}/names/tiny-robot/versions/00000001.json"
     store = ArtifactStore(s3_root)
@@ -70,9 +70,11 @@ def test_a_run_publishes_to_s3_and_the_next_one_warm_starts_from_it(
     warm = tiny_config(
         data, tmp_path / "warm", [f"artifacts.root={s3_root}", "training.warm_start=true"]
     )
-    again = train_learner.fn(warm, datasets)
+    again = train_learner.fn(warm, datasets, str(tmp_path / "runs" / "second"))
     assert again.parent == "tiny-robot:1"
-    second = publish_result.fn(warm, again, evaluate_learner.fn(warm, again, datasets), datasets)
+    second = publish_result.fn(
+        warm, again, evaluate_learner.fn(warm, again, datasets), datasets, "second"
+    )
     assert str(second) == "tiny-robot:2"
     assert [m.spec for m in store.lineage(second)] == ["tiny-robot:2", "tiny-robot:1"]
     trained_further = store.load_params(second)["default_policy"]["layers.0.weight"]

@@ -87,10 +87,11 @@ def test_the_artifacts_cli_and_loading_work_without_the_training_packages(tmp_pa
 
 def test_training_commands_name_the_extra_they_need():
     config = str(REPO / "flows" / "configs" / "point_robot.yaml")
+    # The data check before the run reads footers with pyarrow, the first training package.
     result = _python("-c", _WITHOUT_TRAINING, "run", "--config", config)
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == (
-        "offmeta run: error: this command needs the training extra, and 'prefect' is not "
+        "offmeta run: error: this command needs the training extra, and 'pyarrow' is not "
         "installed; install it with: pip install 'offmeta[train]'"
     )
 
