@@ -8,7 +8,10 @@ the ``s3_endpoint`` fixture sets.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,10 +20,14 @@ from pathlib import Path
 
 import boto3
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.compact import compact
 from pipeline.dataset import inspect_episodes, read_episodes
+from pipeline.importers import import_minari, import_rllib
+from pipeline.importers.source_files import natural_key
 from pipeline.schema import DatasetError
 from pipeline.streams import split_for_learners
 from pipeline.tasks import task_samples
@@ -181,3 +188,74 @@ def test_an_unreachable_endpoint_is_named(s3_endpoint, monkeypatch):
         f"cannot open 's3://offmeta-any/train': no S3 endpoint answers at {closed}; expected "
         "a reachable S3 server (check AWS_ENDPOINT_URL, or unset it for Amazon S3)"
     )
+
+
+RLLIB = REPO / "data" / "samples" / "rllib_cartpole" / "recording"
+MINARI = REPO / "data" / "samples" / "minari_cartpole" / "parquet"
+
+
+def test_an_rllib_recording_imports_from_s3_as_from_disk(s3_endpoint, bucket, tmp_path):
+    recording = upload(RLLIB, s3_endpoint, bucket, "recordings/rllib")
+    from_s3 = import_rllib(recording, tmp_path / "from-s3")
+    from_disk = import_rllib(RLLIB, tmp_path / "from-disk")
+
+    # The same rows and files; only dataset.json's generator.args.source (and so the
+    # dataset fingerprint) differ.
+    assert from_s3 == dataclasses.replace(
+        from_disk, out=from_s3.out, fingerprint=from_s3.fingerprint
+    )
+    assert (from_s3.rows, from_s3.duplicate_rows) == (128, 64)
+    assert _parquet_bytes(tmp_path / "from-s3") == _parquet_bytes(tmp_path / "from-disk")
+    generator = json.loads((tmp_path / "from-s3" / "dataset.json").read_text())["generator"]
+    assert generator["args"]["source"] == recording
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["from-disk", "from-s3"]  # copy gone
+
+
+def test_a_minari_dataset_imports_from_s3_as_from_disk(s3_endpoint, bucket, tmp_path):
+    dataset = upload(MINARI, s3_endpoint, bucket, "recordings/minari")
+    from_s3 = import_minari(dataset, tmp_path / "from-s3", task_id="cartpole")
+    from_disk = import_minari(MINARI, tmp_path / "from-disk", task_id="cartpole")
+    assert from_s3 == dataclasses.replace(
+        from_disk, out=from_s3.out, fingerprint=from_s3.fingerprint
+    )
+    assert _parquet_bytes(tmp_path / "from-s3") == _parquet_bytes(tmp_path / "from-disk")
+
+
+def test_an_import_refusal_names_the_s3_files(s3_endpoint, bucket, tmp_path):
+    source = tmp_path / "recording"
+    shutil.copytree(RLLIB, source)
+    first_run, second_run = _natural(source.glob("*/run-*"))[:2]
+    original = _natural(first_run.glob("*.parquet"))[0]
+    rewritten = _natural(second_run.glob("*.parquet"))[0]
+    table = pq.read_table(rewritten)
+    eps_id = table.column("eps_id")[0].as_py()
+    index = table.schema.get_field_index("rewards")
+    pq.write_table(table.set_column(index, "rewards", pa.array([5.0])), rewritten)
+    recording = upload(source, s3_endpoint, bucket, "recordings/conflicting")
+
+    with pytest.raises(DatasetError) as refused:
+        import_rllib(recording, tmp_path / "out")
+    assert str(refused.value) == (
+        f"{recording}/{rewritten.relative_to(source).as_posix()}: episode '{eps_id}' step 0 is "
+        "recorded twice with different values in column 'rewards' (first in "
+        f"{recording}/{original.relative_to(source).as_posix()}); expected a repeated step to "
+        "be an exact copy, as RLlib's recorder rewrites it (remove one of the two recordings)"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["recording"]  # nothing written or left
+
+
+def test_a_missing_recording_is_named(remote, bucket, tmp_path):
+    with pytest.raises(DatasetError) as refused:
+        import_rllib(f"s3://{bucket}/recordings/nothing/", tmp_path / "out")
+    assert str(refused.value) == (
+        f"s3://{bucket}/recordings/nothing does not exist; expected a recording directory"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def _parquet_bytes(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.glob("*.parquet"))}
+
+
+def _natural(paths) -> list[Path]:
+    return sorted(paths, key=lambda path: natural_key(path.name))
