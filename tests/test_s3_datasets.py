@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -259,3 +261,39 @@ def _parquet_bytes(directory: Path) -> dict[str, bytes]:
 
 def _natural(paths) -> list[Path]:
     return sorted(paths, key=lambda path: natural_key(path.name))
+
+
+@pytest.mark.timeout(300)
+def test_the_data_readme_s3_commands_run(s3_endpoint, tmp_path):
+    """The bash block of data/README.md's "On S3" against the loopback server (the fixture
+    sets the AWS variables its exports set); outputs go to ``tmp_path`` instead of /tmp."""
+    text = (REPO / "data" / "README.md").read_text()
+    section = text.split("## On S3\n", 1)[1].split("\n## ", 1)[0]
+    lines = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)[0].splitlines()
+    assert [line.split()[1].split("=")[0] for line in lines[:2]] == [
+        "AWS_ENDPOINT_URL",
+        "AWS_ACCESS_KEY_ID",
+    ]
+    client = boto3.session.Session().client("s3", endpoint_url=s3_endpoint)
+    existing = {bucket["Name"] for bucket in client.list_buckets()["Buckets"]}
+    for name in {"datasets", "recordings"} - existing:
+        client.create_bucket(Bucket=name)
+    upload(LOCAL, s3_endpoint, "datasets", "point_robot/train")
+    upload(RLLIB, s3_endpoint, "recordings", "rllib_cartpole")
+    for line in lines[2:]:
+        words = shlex.split(line.replace("/tmp/", f"{tmp_path}/"), comments=True)
+        assert words[0] == "offmeta"
+        result = subprocess.run(
+            [sys.executable, "-c", "from flows.cli import run; run()", *words[1:]],
+            cwd=REPO,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, (line, result.stderr)
+    assert inspect_episodes(tmp_path / "cartpole").num_rows == 128
+    compacted = inspect_episodes(tmp_path / "robot-compacted")
+    assert (
+        compacted.metadata["compacted_from"]["fingerprint"] == inspect_episodes(LOCAL).fingerprint
+    )
