@@ -1,7 +1,8 @@
 """LearnerStream throughput and memory, each against a baseline measured in the same run.
 
 Data: 16-float ``obs``, int64 ``actions``, two modules, written to a temporary directory
-as 10 Parquet files of ``--rows / 10`` rows (deleted afterwards). Minibatches of 512
+as 10 Parquet files of ``--rows / 10`` rows (deleted afterwards), episodes of 1,000 steps
+of one module each. Minibatches of 512
 rows, two learners in threads. Ray is started (and its workers warmed) before timing, with
 the environment ``offmeta run`` gives it (``flows.runtime.QUIET_ENVIRONMENT``).
 
@@ -95,7 +96,7 @@ def write_dataset(root: Path, rows: int) -> list[Path]:
                 "terminateds": pa.array(ids % 1000 == 999),
                 "truncateds": pa.array(np.zeros(per_file, bool)),
                 "module_id": pa.DictionaryArray.from_arrays(
-                    pa.array((ids // 7) % 2, pa.int32()), modules
+                    pa.array((ids // 1000) % 2, pa.int32()), modules
                 ),
             }
         )
