@@ -324,6 +324,11 @@ class _Group:
                 epoch, skip = epoch + 1, 0
         except BaseException as error:  # relayed to every learner, which re-raises it
             self._broadcast(("error", error))
+        finally:
+            # Row sources read the next epoch ahead: stop those reads with this thread.
+            close = getattr(self.source, "close", None)
+            if close is not None:
+                close()
 
     def _deal(self, batches: list[list[Batch]]) -> bool:
         return all(
