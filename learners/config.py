@@ -33,22 +33,35 @@ class ModelConfig(BaseModel):
     activation: Literal["relu", "tanh", "gelu", "elu", "silu"] = Field(
         "relu", description="Non-linearity after every hidden layer."
     )
-    head: Literal["deterministic", "gaussian", "categorical"] = Field(
+    head: Literal["deterministic", "gaussian", "categorical", "mean_advantage"] = Field(
         "deterministic",
         description=(
             "deterministic: one output per action dimension (regression, MSE cloning); "
             "gaussian: mean per action dimension plus a learned state-independent log-std; "
-            "categorical: one logit per discrete action."
+            "categorical: one logit per discrete action; mean_advantage: action mean plus an "
+            "advantage head on (last hidden features, action) (MACAW's policy)."
         ),
     )
     log_std_init: float = Field(0.0, description="Initial log standard deviation (gaussian head).")
+    advantage_hidden_sizes: tuple[int, ...] = Field(
+        (32,), description="Hidden layers of the advantage head (head mean_advantage)."
+    )
 
-    @field_validator("hidden_sizes")
+    @field_validator("hidden_sizes", "advantage_hidden_sizes")
     @classmethod
     def _positive_widths(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
         if any(size < 1 for size in sizes):
             raise ValueError(f"every hidden size must be >= 1, got {list(sizes)}")
         return sizes
+
+    @model_validator(mode="after")
+    def _trunk_for_the_advantage_head(self) -> ModelConfig:
+        if self.head == "mean_advantage" and not self.hidden_sizes:
+            raise ValueError(
+                "head 'mean_advantage' reads the last hidden layer's features: give "
+                "hidden_sizes at least one layer"
+            )
+        return self
 
 
 class ModuleSpec(BaseModel):
@@ -66,7 +79,17 @@ class ModuleSpec(BaseModel):
         "mse",
         description=(
             "Built-in loss (mse, gaussian_nll, cross_entropy) or a user function given as "
-            "'package.module:function' taking (outputs, batch_for_module) -> scalar tensor."
+            "'package.module:function' taking (call, batch_for_module) -> scalar tensor, "
+            "where call(module_id, *inputs) runs any module (see learners.losses). "
+            "Algorithm 'macaw' sets the losses of its two modules itself."
+        ),
+    )
+    data_module: str | None = Field(
+        None,
+        description=(
+            "Train on the rows of this module instead of the module's own (a critic reading "
+            "its policy's transitions); the batch its loss sees is that module's. "
+            "Default: its own rows."
         ),
     )
 
@@ -160,6 +183,58 @@ class OuterConfig(BaseModel):
             "meta-parameters, the optimizer and weights_seq_no unchanged."
         ),
     )
+    module_lr: dict[str, float] = Field(
+        default_factory=dict,
+        description="Outer learning rate of a module's parameters in place of lr, by module id.",
+    )
+    log_lr_lr: float | None = Field(
+        None, gt=0, description="Outer learning rate of the learned log inner rates (null: lr)."
+    )
+
+    @field_validator("module_lr")
+    @classmethod
+    def _positive_module_lrs(cls, lrs: dict[str, float]) -> dict[str, float]:
+        bad = {m: lr for m, lr in lrs.items() if not lr > 0}
+        if bad:
+            raise ValueError(f"module_lr values must be > 0, got {bad}")
+        return lrs
+
+
+class MacawConfig(BaseModel):
+    """MACAW (Mitchell et al. 2021): a value function and an advantage-weighted policy.
+
+    Defaults are the authors' released config (`config/alg/standard.json` and `src/args.py`
+    of github.com/eric-mitchell/macaw) where it states them.
+    """
+
+    model_config = _STRICT
+
+    policy: str = Field(
+        DEFAULT_MODULE_ID,
+        description="Module id of the policy (head mean_advantage); it trains on its own rows.",
+    )
+    value: str = Field(
+        "value",
+        description="Module id of the value function (action_dim 1); it reads the policy's rows.",
+    )
+    temperature: float = Field(1.0, gt=0, description="AWR temperature: weights exp(A / T).")
+    max_weight: float = Field(
+        20.0, gt=0, description="Largest advantage weight (exp(A / T) clipped at this value)."
+    )
+    normalize_advantages: bool = Field(
+        True,
+        description="Standardise the advantages over each task's batch before weighting "
+        "(mean 0, standard deviation 1), as the paper does.",
+    )
+    action_std: float = Field(
+        0.2, gt=0, description="Fixed standard deviation of the policy's gaussian."
+    )
+    advantage_head_coef: float = Field(
+        0.01,
+        ge=0,
+        description="Weight of the advantage head's regression loss in the inner policy loss "
+        "(fixed; the paper meta-learns it from this value). 0 drops the head's loss.",
+    )
 
 
 # The inner flags each algorithm implies: (first_order, allowed learned_lr values, default).
@@ -167,7 +242,12 @@ _ALGORITHMS = {
     "maml": (False, ("none",), "none"),
     "fomaml": (True, ("none",), "none"),
     "metasgd": (None, ("scalar", "tensor", "element"), "element"),
+    "macaw": (False, ("none", "scalar", "tensor", "element"), "tensor"),
 }
+# Values MACAW takes from the authors' released config unless the config states its own:
+# (section, field) -> value; the value function's outer rate goes to outer.module_lr.
+_MACAW_DEFAULTS = {("inner", "lr"): 1e-3, ("outer", "lr"): 1e-4, ("outer", "log_lr_lr"): 1e-3}
+_MACAW_VALUE_LR = 1e-5
 
 
 class MetaConfig(BaseModel):
@@ -175,11 +255,13 @@ class MetaConfig(BaseModel):
 
     model_config = _STRICT
 
-    algorithm: Literal["maml", "fomaml", "metasgd"] = Field(
+    algorithm: Literal["maml", "fomaml", "metasgd", "macaw"] = Field(
         "maml",
         description=(
             "maml: second-order MAML; fomaml: first-order MAML (inner.first_order=True); "
-            "metasgd: meta-trained inner learning rates (inner.learned_lr, default 'element')."
+            "metasgd: meta-trained inner learning rates (inner.learned_lr, default 'element'); "
+            "macaw: value function then advantage-weighted policy in the inner loop, learned "
+            "per-tensor inner rates (see the macaw section)."
         ),
     )
     modules: dict[str, ModuleSpec] = Field(
@@ -191,6 +273,9 @@ class MetaConfig(BaseModel):
     )
     inner: InnerConfig = Field(default_factory=InnerConfig, description="Inner update rule.")
     outer: OuterConfig = Field(default_factory=OuterConfig, description="Outer optimizer.")
+    macaw: MacawConfig | None = Field(
+        None, description="MACAW's settings (algorithm macaw; defaults filled in)."
+    )
     vectorize: Literal["vmap", "loop"] = Field(
         "vmap", description="vmap over the task dimension (fast) or a per-task loop (fallback)."
     )
@@ -212,6 +297,7 @@ class MetaConfig(BaseModel):
 
     @model_validator(mode="after")
     def _resolve(self) -> MetaConfig:
+        _check_data_modules(self.modules)
         if self.modules_to_update is not None:
             unknown = [m for m in self.modules_to_update if m not in self.modules]
             if unknown or not self.modules_to_update:
@@ -240,10 +326,91 @@ class MetaConfig(BaseModel):
             )
         if update:
             self.inner = self.inner.model_copy(update=update)
+        if self.algorithm == "macaw":
+            self._resolve_macaw()
+        elif self.macaw is not None:
+            raise ValueError(
+                f"the macaw section applies to algorithm 'macaw', not {self.algorithm!r}; "
+                "drop it or set algorithm: macaw"
+            )
         return self
+
+    def _resolve_macaw(self) -> None:
+        macaw = self.macaw if self.macaw is not None else MacawConfig()
+        roles = {"policy": macaw.policy, "value": macaw.value}
+        missing = [f"{m!r} ({role})" for role, m in roles.items() if m not in self.modules]
+        if missing or macaw.policy == macaw.value:
+            raise ValueError(
+                f"algorithm 'macaw' needs two modules, a policy and a value function "
+                f"(macaw.policy {macaw.policy!r}, macaw.value {macaw.value!r}); modules has "
+                f"{sorted(self.modules)}, missing: {', '.join(missing) or 'none'}"
+            )
+        policy, value = self.modules[macaw.policy], self.modules[macaw.value]
+        if self.modules_to_update is not None and set(self.modules_to_update) != set(
+            roles.values()
+        ):
+            raise ValueError(
+                f"algorithm 'macaw' trains its policy and value function together; "
+                f"modules_to_update is {self.modules_to_update}: drop it"
+            )
+        default_loss = ModuleSpec.model_fields["loss"].default
+        with_loss = {m: self.modules[m].loss for m in roles.values()}
+        with_loss = {m: loss for m, loss in with_loss.items() if loss != default_loss}
+        if with_loss:
+            raise ValueError(
+                f"algorithm 'macaw' sets the losses of its modules itself (value regression to "
+                f"returns, advantage-weighted regression); got losses {with_loss}: drop them"
+            )
+        if policy.model.head != "mean_advantage":
+            raise ValueError(
+                f"algorithm 'macaw': the policy module {macaw.policy!r} has head "
+                f"{policy.model.head!r}; expected head 'mean_advantage'"
+            )
+        if value.action_dim != 1 or value.model.head != "deterministic":
+            raise ValueError(
+                f"algorithm 'macaw': the value module {macaw.value!r} must output one number "
+                f"(action_dim 1, head 'deterministic'), got action_dim {value.action_dim}, "
+                f"head {value.model.head!r}"
+            )
+        if value.data_module not in (None, macaw.policy) or policy.data_module is not None:
+            raise ValueError(
+                f"algorithm 'macaw': the value module reads the policy's rows and the policy "
+                f"its own; got data_module {value.data_module!r} for {macaw.value!r} and "
+                f"{policy.data_module!r} for {macaw.policy!r}"
+            )
+        modules = dict(self.modules)
+        modules[macaw.value] = value.model_copy(update={"data_module": macaw.policy})
+        self.modules = modules
+        self.macaw = macaw
+        for (section, name), default in _MACAW_DEFAULTS.items():
+            part = getattr(self, section)
+            if name not in part.model_fields_set:
+                setattr(self, section, part.model_copy(update={name: default}))
+        if "module_lr" not in self.outer.model_fields_set:
+            module_lr = {macaw.value: _MACAW_VALUE_LR}
+            self.outer = self.outer.model_copy(update={"module_lr": module_lr})
 
     @property
     def trained_modules(self) -> list[str]:
         """Module ids meta-trained, in the order of `modules`."""
         chosen = self.modules_to_update
         return [m for m in self.modules if chosen is None or m in chosen]
+
+    @property
+    def data_modules(self) -> list[str]:
+        """Module ids whose rows the trained modules read (a meta-batch holds these), in the
+        order of `modules`."""
+        read = {self.modules[m].data_module or m for m in self.trained_modules}
+        return [m for m in self.modules if m in read]
+
+
+def _check_data_modules(modules: dict[str, ModuleSpec]) -> None:
+    for module_id, spec in modules.items():
+        source = spec.data_module
+        if source is None:
+            continue
+        if source == module_id or source not in modules or modules[source].data_module:
+            raise ValueError(
+                f"module {module_id!r} has data_module {source!r}; expected another module of "
+                f"{sorted(modules)} that reads its own rows"
+            )
