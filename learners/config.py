@@ -16,7 +16,7 @@ _STRICT = ConfigDict(extra="forbid")
 
 # Which head each built-in loss can train; user losses ("package.module:function") accept any.
 _LOSS_HEADS = {
-    "mse": ("deterministic", "gaussian"),
+    "mse": ("deterministic", "gaussian", "mean_advantage"),
     "gaussian_nll": ("gaussian",),
     "cross_entropy": ("categorical",),
 }

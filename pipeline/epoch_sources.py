@@ -40,6 +40,7 @@ import pyarrow.fs as pafs
 from pipeline.batching import Batch, collate_minibatches, default_columns, module_codes
 from pipeline.dataset import to_canonical
 from pipeline.read_ahead import file_windows, read_ahead
+from pipeline.returns import returns_index, split_derived
 from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, DatasetError, EpisodeSchema
 
 # The driver maps every block it reads, so its memory follows the blocks in flight: small
@@ -163,9 +164,11 @@ def row_source(
     modules_to_update: Collection[str] | None,
     materialize: bool,
     pin_memory: bool,
+    gamma: float | None = None,
 ) -> RowSource:
     """A row source over ``Episodes``, or over a Ray ``DataIterator`` that is already one
-    learner's shard (Ray Train's ``get_dataset_shard``)."""
+    learner's shard (Ray Train's ``get_dataset_shard``). With ``gamma``, rows also carry
+    the columns derived at ingest (``pipeline.returns``), looked up by ``(eps_id, t)``."""
     import ray.data
     from ray.data.dataset import MaterializedDataset
     from ray.data.expressions import col
@@ -177,7 +180,13 @@ def row_source(
         "seed": seed,
         "pin_memory": pin_memory,
     }
+    columns, derived = split_derived(columns, gamma)
     if isinstance(source, ray.data.DataIterator):
+        if derived:
+            raise ValueError(
+                f"columns {list(derived)} are derived from whole episodes, which one "
+                "learner's shard does not hold; stream the Episodes (or use task_samples)"
+            )
         if learners != 1 or materialize:
             raise ValueError(
                 "a DataIterator is already one learner's shard, read as it comes: expected "
@@ -194,6 +203,7 @@ def row_source(
     chosen = resolve_columns(schema, columns)
     modules = check_modules(modules_to_update, tuple(source.module_ids))
     needed = [*chosen, *(["module_id"] if schema.has_module_id else [])]
+    needed = list(dict.fromkeys([*needed, *(["eps_id", "t"] if derived else [])]))
 
     def selected(dataset: ray.data.Dataset) -> ray.data.Dataset:
         dataset = dataset.select_columns(needed)
@@ -235,7 +245,12 @@ def row_source(
             ]
             return cut_tables(read_ahead(reads), superbatch_rows)
 
-    return RowSource(tables, columns=chosen, modules_to_update=modules, exact=True, **options)
+    if derived:
+        assert gamma is not None  # split_derived refuses derived columns without it
+        tables = returns_index(source, gamma).wrap(tables, derived)
+    return RowSource(
+        tables, columns=(*chosen, *derived), modules_to_update=modules, exact=True, **options
+    )
 
 
 def _read_parquet(files: list[str], filesystem: Any) -> Any:

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from pipeline.batching import Batch, column_array, gather
 from pipeline.epoch_sources import Deal, check_modules, resolve_columns
+from pipeline.returns import INPUT_COLUMNS, returns_columns, split_derived
 from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
 
 if TYPE_CHECKING:
@@ -139,20 +140,24 @@ def task_samples(
     columns: Sequence[str] | None = None,
     modules_to_update: Collection[str] | None = None,
     skip_small_tasks: bool = False,
+    gamma: float | None = None,
 ) -> TaskSamples:
     """Read ``episodes`` into memory as per-task groups for K-support/Q-query sampling.
 
     Tasks with fewer than ``support + query`` transitions are refused with an error that
     lists them, or left out and listed in ``skipped_tasks`` with ``skip_small_tasks``.
     The shuffle seed is the stream's (``split_for_learners(seed=...)``): epoch ``e`` is
-    planned from ``seed + e``.
+    planned from ``seed + e``. With ``gamma`` the samples also carry the columns derived
+    at ingest (``returns``, ``returns_truncated``; see ``pipeline.returns``).
     """
     for name, value in (("support", support), ("query", query)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     schema = episodes.schema
+    columns, derived = split_derived(columns, gamma)
     chosen = resolve_columns(schema, columns)
-    table = _read_sorted(episodes, chosen, modules_to_update)
+    read = (*chosen, *INPUT_COLUMNS) if derived else chosen
+    table = _read_sorted(episodes, read, modules_to_update)
     if table.num_rows == 0:
         raise DatasetError(
             f"task_samples: no rows of modules {sorted(modules_to_update or [])} in the data"
@@ -183,15 +188,19 @@ def task_samples(
             f"task_samples: every one of the {len(labels)} tasks has fewer than support + "
             f"query = {size} transitions (largest: {int(counts.max())}); lower support or query"
         )
+    arrays = {name: column_array(table, name) for name in chosen}
+    if derived:
+        # Rows are in (module, task, episode, t) order: every episode is contiguous.
+        arrays.update({k: v for k, v in returns_columns(table, gamma).items() if k in derived})
     return TaskSamples(
         support=support,
         query=query,
-        columns=chosen,
+        columns=(*chosen, *derived),
         task_ids=tuple(sorted({t for t, s in zip(group_tasks, small, strict=True) if not s})),
         module_ids=module_ids,
         skipped_tasks=skipped,
         fingerprint=getattr(episodes, "fingerprint", None),
-        arrays={name: column_array(table, name) for name in chosen},
+        arrays=arrays,
         group_offsets=offsets,
         group_modules=np.array([module_ids.index(m) for m in group_module_names]),
         group_samples=np.where(small, 0, counts // size),
