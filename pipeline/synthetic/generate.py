@@ -34,6 +34,7 @@ _COLUMN_ORDER = (
     "terminateds",
     "truncateds",
     "new_obs",
+    "behavior",
 )
 
 
@@ -169,6 +170,8 @@ def _canonical_table(
             arrays[name] = pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
         elif name == "eps_id" and values.dtype == object:
             arrays[name] = pa.array(values, type=pa.string())
+        elif values.dtype.kind in "OU":
+            arrays[name] = pa.array(values.astype(object), type=pa.string()).dictionary_encode()
         else:
             arrays[name] = pa.array(values)
     indices = np.repeat(np.arange(len(task_ids), dtype=np.int32), rows_per_task)
