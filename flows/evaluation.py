@@ -6,7 +6,8 @@ Two measures, both on tasks the learner never trained on:
   (``MetaLearner.evaluate``, the same inner rule as training);
 - for datasets whose generator has an environment (point_robot), the mean return of
   rollouts with each task's goal: the unadapted meta-policy, the policy adapted on that
-  task's support transitions, and the noise-free expert that generated the data.
+  task's support transitions, and the noise-free expert; beside them the mean episode return
+  of the held-out data itself (the behaviour policy), to tell improvement from imitation.
 
 Each held-out task contributes exactly one sample of K support + Q query transitions,
 drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.
@@ -46,7 +47,8 @@ class EvaluationReport:
     query_loss: dict[int, float]
     """Inner steps -> mean query loss over the tasks (0: before adaptation)."""
     returns: dict[str, float] | None = None
-    """Mean episode return of the ``unadapted``, ``adapted`` and ``expert`` policies."""
+    """Mean episode return of the ``unadapted``, ``adapted`` and ``expert`` policies, and of
+    the held-out data's episodes (``behavior``)."""
     environment: str | None = None
     rollout_episodes: int = 0
     """Episodes per task in each policy's mean."""
@@ -75,6 +77,8 @@ class EvaluationReport:
                 label = policy
                 if policy == "adapted":
                     label += f" ({self.rollout_adapt_steps} steps)"
+                elif policy == "behavior":
+                    label = "behavior data"
                 change = "" if policy == "unadapted" else f"{value - base:+.3g}"
                 rows.append(
                     {"measure": f"return, {label}", "value": f"{value:.4g}", "change": change}
@@ -125,8 +129,9 @@ def evaluate(
         heldout,
         support=cfg.tasks.support,
         query=cfg.tasks.query,
-        modules_to_update=learner.config.trained_modules,
+        modules_to_update=learner.config.data_modules,
         skip_small_tasks=cfg.tasks.skip_small_tasks,
+        gamma=cfg.data.gamma,
     )
     if len(samples.module_ids) != 1:
         raise ValueError(
@@ -149,6 +154,7 @@ def evaluate(
                 "each task's parameters (or set evaluation.rollout_episodes to 0)"
             )
         returns = rollouts(learner, meta_batch, [described[t] for t in task_ids], settings)
+        returns["behavior"] = _behavior_return(samples.arrays["rewards"], heldout.num_episodes)
     report = EvaluationReport(
         tasks=len(task_ids),
         support=cfg.tasks.support,
@@ -175,7 +181,7 @@ def _point_robot_returns(
     settings: EvaluationConfig,
 ) -> dict[str, float]:
     """Mean return per episode of each policy, ``rollout_episodes`` episodes per task."""
-    (module,) = learner.config.trained_modules
+    (module,) = learner.config.data_modules  # the policy: the module that reads its own rows
     model = build_model(learner.config.modules[module]).to(learner.device)
     support = meta_batch["support"]
     adapted = [
@@ -221,6 +227,11 @@ def _point_robot_returns(
 
 
 _ENVIRONMENTS: dict[str, Rollouts] = {"point_robot": _point_robot_returns}
+
+
+def _behavior_return(rewards: np.ndarray, episodes: int) -> float:
+    """Mean undiscounted episode return of the data: every reward counted once."""
+    return float(np.asarray(rewards, dtype=np.float64).sum() / episodes)
 """Generator name (``dataset.json`` ``generator.name``) -> its evaluation rollouts."""
 
 

@@ -159,8 +159,9 @@ def build_task_samples(
         data,
         support=tasks.support,
         query=tasks.query,
-        modules_to_update=cfg.learners.trained_modules,
+        modules_to_update=cfg.learners.data_modules,
         skip_small_tasks=tasks.skip_small_tasks,
+        gamma=cfg.data.gamma,
     )
     logger.info("task samples: %s", samples.summary())
     if samples.skipped_tasks:
