@@ -232,6 +232,8 @@ _ENVIRONMENTS: dict[str, Rollouts] = {"point_robot": _point_robot_returns}
 def _behavior_return(rewards: np.ndarray, episodes: int) -> float:
     """Mean undiscounted episode return of the data: every reward counted once."""
     return float(np.asarray(rewards, dtype=np.float64).sum() / episodes)
+
+
 """Generator name (``dataset.json`` ``generator.name``) -> its evaluation rollouts."""
 
 
