@@ -18,8 +18,8 @@ return and the behaviour data's mean return (the same for every seed). Figures (
 1. gap closed: (MACAW - cloning) / (expert - cloning), target >= 0.5;
 2. MACAW's lead over cloning in standard errors of the difference of the means, target >= 2.
 
-Run: `.venv/bin/python bench/offline_rl.py [--iterations N] [--seeds 0 1 2] [--no-record]`. About 6-8
-minutes on the busy 2-core development machine with the defaults.
+Run: `.venv/bin/python bench/offline_rl.py [--iterations N] [--seeds 0 1 2] [--no-record]`.
+About 6-8 minutes on the busy 2-core development machine with the defaults.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ Each task is a goal; who plays its episodes is the ``behavior``:
 - ``noisy`` (default): a noisy expert, full speed towards the goal plus Gaussian noise
   (``noise_std``), with a ``random_fraction`` of actions replaced by uniform random ones;
 - ``expert``: the noise-free expert;
-- ``mixed``: per task, ``round(random_share * episodes_per_task)`` episodes (chosen at
-  random) of a uniform random policy, the others of the noisy expert: data where cloning
-  copies bad actions (the share is exact in every task). Each episode's behaviour is in the ``behavior`` column
+- ``mixed``: per task, ``random_share * episodes_per_task`` episodes (a whole number,
+  chosen at random) of a uniform random policy, the others of the noisy expert: data where
+  cloning copies bad actions. Each episode's behaviour is in the ``behavior`` column
   (``random`` | ``noisy_expert``) and, per task in episode order, in ``dataset.json``
   (``tasks[task_id]["behaviors"]``).
 
