@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -55,7 +57,11 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
     report = evaluate_learner.fn(cfg, trained, datasets)
     assert report.tasks == 4
     assert list(report.query_loss) == [0, 1, 5, 10]
-    assert list(report.returns) == ["unadapted", "adapted", "expert"]
+    assert list(report.returns) == ["unadapted", "adapted", "expert", "behavior"]
+    # The behaviour data's mean episode return: every held-out reward once, per episode.
+    rewards = pq.read_table(datasets.heldout.files[0], columns=["rewards"]).column("rewards")
+    behavior = float(np.asarray(rewards, dtype=np.float64).sum()) / datasets.heldout.num_episodes
+    assert report.returns["behavior"] == pytest.approx(behavior, rel=1e-12)
     assert (report.environment, report.rollout_episodes, report.rollout_adapt_steps) == (
         "point_robot",
         2,
@@ -81,6 +87,53 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
     rebuilt = MetaLearner.from_state(state)
     for name, tensor in store.load_params(ref)["default_policy"].items():
         assert torch.equal(rebuilt.meta_params["default_policy"][name], tensor)
+
+
+def test_macaw_trains_evaluates_and_publishes_through_the_stages(
+    data: Path, tmp_path: Path
+) -> None:
+    cfg = tiny_config(
+        data,
+        tmp_path,
+        [
+            "learners.algorithm=macaw",
+            "learners.inner={}",
+            "learners.modules.default_policy.model.head=mean_advantage",
+            "learners.modules.value={obs_dim: 2, action_dim: 1, model: {hidden_sizes: [8]}}",
+            "evaluation.rollout_adapt_steps=1",
+        ],
+    )
+    datasets = validate_dataset.fn(cfg)
+    trained = train_learner.fn(cfg, datasets)
+    assert trained.weights_seq_no == 12
+    assert trained.tasks["modules"] == ["default_policy"]  # the value function reads its rows
+    report = evaluate_learner.fn(cfg, trained, datasets)
+    assert list(report.returns) == ["unadapted", "adapted", "expert", "behavior"]
+    ref = publish_result.fn(cfg, trained, report, datasets)
+    manifest = ArtifactStore(cfg.artifacts.root).get(str(ref))
+    assert manifest.config["learners"]["algorithm"] == "macaw"
+    learner = MetaLearner.from_state(trained.learner_state)
+    assert sorted(learner.meta_params) == ["default_policy", "value"]
+
+
+def test_a_critic_must_declare_the_observation_size_of_the_rows_it_reads(
+    data: Path, tmp_path: Path
+) -> None:
+    cfg = tiny_config(
+        data,
+        tmp_path,
+        [
+            "learners.algorithm=macaw",
+            "learners.modules.default_policy.model.head=mean_advantage",
+            "learners.modules.value={obs_dim: 3, action_dim: 1}",
+        ],
+    )
+    with pytest.raises(DatasetError) as error:
+        validate_dataset.fn(cfg)
+    assert str(error.value) == (
+        f"train dataset {data / 'train'}: observations have shape [2] (2 values) but "
+        "learners.modules.value.obs_dim is 3; expected obs_dim: 2"
+    )
 
 
 def test_a_module_that_does_not_fit_the_data_is_refused(data: Path, tmp_path: Path) -> None:

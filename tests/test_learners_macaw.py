@@ -280,7 +280,8 @@ def test_bad_macaw_configs_are_refused_with_what_was_expected():
     config["modules"][POLICY]["loss"] = "losses.mine:awr"
     assert _error(config) == (
         "algorithm 'macaw' sets the losses of its modules itself (value regression to returns, "
-        "advantage-weighted regression); got losses {'default_policy': 'losses.mine:awr'}: drop them"
+        "advantage-weighted regression); got losses {'default_policy': 'losses.mine:awr'}: "
+        "drop them"
     )
     assert _error({**_config(), "algorithm": "maml"}) == (
         "the macaw section applies to algorithm 'macaw', not 'maml'; drop it or set "
