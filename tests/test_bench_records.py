@@ -111,7 +111,7 @@ def test_records_are_appended_never_rewritten(tmp_path):
     [
         (
             {"bench": "Demo Bench"},
-            "record bench 'Demo Bench' is not a name: use lower-case letters, digits and '-' "
+            "record bench 'Demo Bench' is not a name: use lower-case letters, digits, '-' and '_' "
             "(it becomes part of the file name)",
         ),
         ({"value": float("nan")}, "demo/1-read value must be a finite number, got nan"),
