@@ -76,7 +76,8 @@ class EvaluationReport:
             for policy, value in self.returns.items():
                 label = policy
                 if policy == "adapted":
-                    label += f" ({self.rollout_adapt_steps} steps)"
+                    steps = self.rollout_adapt_steps
+                    label += f" ({steps} step{'s' * (steps != 1)})"
                 elif policy == "behavior":
                     label = "behavior data"
                 change = "" if policy == "unadapted" else f"{value - base:+.3g}"

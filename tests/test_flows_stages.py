@@ -217,3 +217,22 @@ def test_the_report_table_compares_with_before_adaptation() -> None:
         "heldout_return_adapted": -6.5,
         "heldout_return_expert": -4.5,
     }
+
+
+def test_the_report_shows_the_behaviour_data_beside_the_policies() -> None:
+    report = EvaluationReport(
+        tasks=40,
+        support=20,
+        query=20,
+        query_loss={0: 17.0, 1: 13.0},
+        returns={"unadapted": -20.0, "adapted": -10.0, "expert": -4.5, "behavior": -13.3},
+        environment="point_robot",
+        rollout_episodes=10,
+        rollout_adapt_steps=1,
+    )
+    assert report.format().splitlines()[-3:] == [
+        "return, adapted (1 step)         -10     +10",
+        "return, expert                  -4.5   +15.5",
+        "return, behavior data          -13.3    +6.7",
+    ]
+    assert report.metrics()["heldout_return_behavior"] == -13.3
