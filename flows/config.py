@@ -16,14 +16,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from learners.config import MetaConfig
-from pipeline.artifacts.errors import ArtifactNameError
+from pipeline.artifacts.errors import ArtifactNameError, UnsupportedRootError
 from pipeline.artifacts.names import validate_name
+from pipeline.artifacts.roots import parse_root
 
 _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
@@ -52,6 +53,11 @@ class DataConfig(BaseModel):
         description="Discount of the per-episode return-to-go derived at ingest (columns "
         "returns and returns_truncated of every task sample; see pipeline.returns).",
     )
+    allow_partial_episodes: bool = Field(
+        False,
+        description="Accept episodes that do not start at t 0, miss steps or carry an end "
+        "flag before their last step (a knowingly partial dataset; see data/README.md).",
+    )
 
 
 class TasksConfig(BaseModel):
@@ -68,6 +74,19 @@ class TasksConfig(BaseModel):
         "the dataset.",
     )
     seed: int = Field(0, ge=0, description="Shuffle seed of the task streams (epoch e: seed + e).")
+    mode: Literal["auto", "memory", "stream"] = Field(
+        "auto",
+        description="memory: read the selected columns into memory once. stream: read windows "
+        "of whole tasks each epoch, holding about memory_budget_mb (needs data sorted by "
+        "task, as `offmeta data import` and `compact` write it). auto: stream when the "
+        "selected columns would take more than memory_budget_mb in memory.",
+    )
+    memory_budget_mb: float = Field(
+        2048.0,
+        gt=0,
+        description="Megabytes the training task samples may take in memory; above it, auto "
+        "mode streams them in windows sized to it.",
+    )
 
 
 class LearnersConfig(MetaConfig):
@@ -92,15 +111,36 @@ class TrainingConfig(BaseModel):
 
     iterations: int = Field(1000, ge=1, description="Meta-steps (meta-batches) to train.")
     log_every: int = Field(100, ge=1, description="Iterations between progress lines.")
+    history_points: int = Field(
+        100,
+        ge=1,
+        description="Points of the learning curve (history.json, learning_curve.png) over the "
+        "run: recorded every ceil(iterations / history_points) iterations and after the last "
+        "one, whatever log_every is.",
+    )
     checkpoint_every: int = Field(
         250, ge=1, description="Iterations between checkpoints (and after the last one)."
     )
     checkpoint_dir: str = Field(
         "runs",
-        description="Run directories live here, one per flow run: "
-        "<checkpoint_dir>/<flow run id>/checkpoints/.",
+        description="The runs root: one directory per run, <checkpoint_dir>/<id of the flow "
+        "run that started it>/ (run.json, checkpoints/, finished.json); offmeta run --resume "
+        "continues an unfinished one.",
     )
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept per run.")
+    keep_runs: int = Field(
+        5,
+        ge=1,
+        description="Finished run directories kept under checkpoint_dir; older finished ones "
+        "are removed when a run starts. Their results live on in the artifact store.",
+    )
+    keep_unfinished_days: float = Field(
+        7.0,
+        gt=0,
+        description="Days an unfinished run directory (a killed or failed run, resumable with "
+        "offmeta run --resume) is kept after its last checkpoint; one that a live process "
+        "holds is never removed.",
+    )
     retries: int = Field(
         2,
         ge=0,
@@ -128,6 +168,11 @@ class TrainingConfig(BaseModel):
         if not _DEVICE.fullmatch(device):
             raise ValueError(f"expected cpu, cuda, cuda:N or mps, got {device!r}")
         return device
+
+    @property
+    def history_every(self) -> int:
+        """Iterations between two points of the learning curve (``history_points``)."""
+        return -(-self.iterations // self.history_points)
 
 
 class EvaluationConfig(BaseModel):
@@ -169,8 +214,21 @@ class ArtifactsConfig(BaseModel):
 
     model_config = _STRICT
 
-    root: str = Field("artifacts", description="Artifact store directory.")
+    root: str = Field(
+        "artifacts",
+        description="Artifact store: a directory, a file:// URI or s3://bucket/prefix (S3 "
+        "endpoint and credentials from the standard AWS_* environment variables).",
+    )
     name: str = Field(description="Artifact name; each run publishes its next version.")
+
+    @field_validator("root")
+    @classmethod
+    def _valid_root(cls, root: str) -> str:
+        try:
+            parse_root(root)
+        except UnsupportedRootError as error:
+            raise ValueError(str(error)) from None
+        return root
 
     @field_validator("name")
     @classmethod

@@ -1,5 +1,8 @@
 """Stage 1 of a run: read both datasets, refuse them before training if they do not fit the
-config or each other."""
+config or each other.
+
+``inspect_datasets`` runs every check without Ray (``offmeta run`` calls it before starting
+Ray or Prefect); ``validate_datasets`` runs the same checks on the Ray reads the run uses."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.config import MetaTrainConfig
-from pipeline.dataset import Episodes, read_episodes
+from pipeline.dataset import DatasetInfo, Episodes, inspect_episodes, read_episodes
 from pipeline.schema import DatasetError
 
 
@@ -33,15 +36,34 @@ def validate_datasets(cfg: MetaTrainConfig) -> Datasets:
     config field, what was found and what was expected.
     """
     column_map = cfg.data.column_map or None
-    train = read_episodes(cfg.data.train, column_map=column_map)
-    heldout = read_episodes(cfg.data.heldout, column_map=column_map)
-    _check_same_layout(train, heldout)
-    for split, episodes in (("train", train), ("heldout", heldout)):
-        _check_modules(cfg, split, episodes)
+    partial = cfg.data.allow_partial_episodes
+    train = read_episodes(cfg.data.train, column_map=column_map, allow_partial_episodes=partial)
+    heldout = read_episodes(cfg.data.heldout, column_map=column_map, allow_partial_episodes=partial)
+    _check_fit(cfg, train, heldout)
     return Datasets(train=train, heldout=heldout)
 
 
-def _check_same_layout(train: Episodes, heldout: Episodes) -> None:
+def inspect_datasets(cfg: MetaTrainConfig) -> tuple[DatasetInfo, DatasetInfo]:
+    """``validate_datasets``'s checks without Ray: ``(train, heldout)`` described by
+    ``inspect_episodes`` (the checks ``offmeta data validate`` runs), or ``DatasetError``
+    with the message ``validate_datasets`` would raise."""
+    column_map = cfg.data.column_map or None
+    partial = cfg.data.allow_partial_episodes
+    train = inspect_episodes(cfg.data.train, column_map=column_map, allow_partial_episodes=partial)
+    heldout = inspect_episodes(
+        cfg.data.heldout, column_map=column_map, allow_partial_episodes=partial
+    )
+    _check_fit(cfg, train, heldout)
+    return train, heldout
+
+
+def _check_fit(cfg: MetaTrainConfig, train: DatasetInfo, heldout: DatasetInfo) -> None:
+    _check_same_layout(train, heldout)
+    for split, episodes in (("train", train), ("heldout", heldout)):
+        _check_modules(cfg, split, episodes)
+
+
+def _check_same_layout(train: DatasetInfo, heldout: DatasetInfo) -> None:
     for field in ("obs_shape", "action_shape", "discrete_actions"):
         found, expected = getattr(heldout.schema, field), getattr(train.schema, field)
         if found != expected:
@@ -52,7 +74,7 @@ def _check_same_layout(train: Episodes, heldout: Episodes) -> None:
             )
 
 
-def _check_modules(cfg: MetaTrainConfig, split: str, episodes: Episodes) -> None:
+def _check_modules(cfg: MetaTrainConfig, split: str, episodes: DatasetInfo) -> None:
     learners = cfg.learners
     where = f"{split} dataset {episodes.root}"
     for module_id in learners.trained_modules:
@@ -82,7 +104,7 @@ def _check_modules(cfg: MetaTrainConfig, split: str, episodes: Episodes) -> None
             )
 
 
-def _check_obs_dim(where: str, episodes: Episodes, module_id: str, declared: int) -> None:
+def _check_obs_dim(where: str, episodes: DatasetInfo, module_id: str, declared: int) -> None:
     obs_dim = math.prod(episodes.schema.obs_shape)
     if declared != obs_dim:
         raise DatasetError(
@@ -92,7 +114,7 @@ def _check_obs_dim(where: str, episodes: Episodes, module_id: str, declared: int
         )
 
 
-def _action_dim(episodes: Episodes) -> int | None:
+def _action_dim(episodes: DatasetInfo) -> int | None:
     """Outputs a module needs: action size, or the number of discrete actions when
     ``dataset.json`` says it (unknown otherwise)."""
     if not episodes.schema.discrete_actions:

@@ -3,11 +3,12 @@
 Two measures, both on tasks the learner never trained on:
 
 - query loss after 0, 1, 5, 10 inner steps on each task's K support transitions
-  (``MetaLearner.evaluate``, the same inner rule as training);
+  (``MetaLearner.evaluate_tasks``, the same inner rule as training), kept per task;
 - for datasets whose generator has an environment (point_robot), the mean return of
   rollouts with each task's goal: the unadapted meta-policy, the policy adapted on that
   task's support transitions, and the noise-free expert; beside them the mean episode return
-  of the held-out data itself (the behaviour policy), to tell improvement from imitation.
+  of the held-out data itself (the behaviour policy), to tell improvement from imitation;
+  also the few episodes ``rollouts.png`` draws (``flows.trajectories``).
 
 Each held-out task contributes exactly one sample of K support + Q query transitions,
 drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from flows.config import EvaluationConfig, MetaTrainConfig
+from flows.trajectories import TRAJECTORIES
 from learners.meta import MetaLearner
 from learners.meta_batch import task_slice
 from learners.models import build_model
@@ -53,6 +55,13 @@ class EvaluationReport:
     rollout_episodes: int = 0
     """Episodes per task in each policy's mean."""
     rollout_adapt_steps: int = 0
+    task_ids: tuple[str, ...] = ()
+    """The held-out tasks evaluated, in the order of ``query_loss_per_task``."""
+    query_loss_per_task: dict[int, list[float]] = field(default_factory=dict)
+    """Inner steps -> each task's query loss (``adaptation.png``: mean ± standard error)."""
+    trajectories: dict[str, Any] | None = field(default=None, repr=False)
+    """Episodes on a few goals for ``rollouts.png`` (``flows.trajectories``); stored as
+    rollouts.json, left out of ``to_dict``."""
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics for the artifact manifest."""
@@ -108,10 +117,24 @@ class EvaluationReport:
             )
         return "\n".join(line.rstrip() for line in lines)
 
+    def summary(self) -> str:
+        """One line: the query loss before and after adaptation, and the returns."""
+        losses = [
+            f"{loss:.4g} "
+            + ("before adaptation" if steps == 0 else f"after {steps} step{'s' * (steps > 1)}")
+            for steps, loss in self.query_loss.items()
+        ]
+        line = f"held-out evaluation on {self.tasks} tasks: query loss {', '.join(losses)}"
+        if self.returns is not None:
+            line += "; return " + ", ".join(f"{k} {v:.4g}" for k, v in self.returns.items())
+        return line
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (step counts become string keys)."""
+        """Plain JSON (step counts become string keys), without the trajectories."""
         data = asdict(self)
+        del data["trajectories"]
         data["query_loss"] = {str(k): v for k, v in self.query_loss.items()}
+        data["query_loss_per_task"] = {str(k): v for k, v in self.query_loss_per_task.items()}
         return data
 
 
@@ -141,10 +164,10 @@ def evaluate(
         )
     meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
     meta_batch = finalize(meta_batch, learner.device)
-    query_loss = learner.evaluate(meta_batch, steps=settings.steps)
+    per_task = learner.evaluate_tasks(meta_batch, steps=settings.steps)
     environment = _environment_name(heldout.metadata)
     rollouts = _ENVIRONMENTS.get(environment) if settings.rollout_episodes > 0 else None
-    returns = None
+    returns = trajectories = None
     if rollouts is not None:
         described = heldout.metadata.get("tasks") or {}
         missing = [task_id for task_id in task_ids if task_id not in described]
@@ -156,17 +179,24 @@ def evaluate(
             )
         returns = rollouts(learner, meta_batch, [described[t] for t in task_ids], settings)
         returns["behavior"] = _behavior_return(samples.arrays["rewards"], heldout.num_episodes)
+        trajectories = TRAJECTORIES[environment](
+            learner, meta_batch, task_ids, [described[t] for t in task_ids], settings, heldout
+        )
     report = EvaluationReport(
         tasks=len(task_ids),
         support=cfg.tasks.support,
         query=cfg.tasks.query,
-        query_loss=dict(query_loss),
+        query_loss={steps: float(losses.mean()) for steps, losses in per_task.items()},
         returns=returns,
         environment=environment if returns is not None else None,
         rollout_episodes=settings.rollout_episodes if returns is not None else 0,
         rollout_adapt_steps=settings.rollout_adapt_steps if returns is not None else 0,
+        task_ids=tuple(task_ids),
+        query_loss_per_task={steps: losses.tolist() for steps, losses in per_task.items()},
+        trajectories=trajectories,
     )
-    logger.info("%s", report.format())
+    # One line: `offmeta run` prints the whole table once, after the run.
+    logger.info("%s", report.summary())
     return report
 
 

@@ -1,15 +1,19 @@
 """The ``meta_train`` Prefect flow: validate dataset -> train -> evaluate -> publish.
 
 Each task is a thin wrapper of one typed stage function (``flows.datasets``,
-``flows.training``, ``flows.evaluation``, ``flows.publishing``) that can be called
-without Prefect. The flow owns the Ray session and decides retries:
+``flows.training`` or ``flows.scale_out``, ``flows.evaluation``, ``flows.publishing``) that
+can be called without Prefect. The flow owns the Ray session, the run directory
+(``flows.runs``) and decides retries:
 
-- ``train`` retries ``training.retries`` times and resumes from its last checkpoint,
-  kept under ``training.checkpoint_dir/<flow run id>``;
-- ``publish`` retries too; an idempotency key per flow run makes a retried publish return
-  the version the first attempt wrote;
-- bad input (ValueError, TypeError: the dataset, the config) and non-finite arithmetic
-  fail at once, since retrying would fail the same way.
+- the run directory is ``training.checkpoint_dir/<flow run id>``, or with ``resume`` an
+  unfinished run's directory, held for the whole run; starting a run also prunes old run
+  directories and marks the flow runs of killed runs CRASHED (``flows.crashed_runs``);
+- ``train`` trains in this process or, with ``learners.num_learners > 0``, on Ray Train
+  workers; it retries ``training.retries`` times and resumes from its last checkpoint;
+- ``publish`` retries too; an idempotency key per run directory makes a retried publish,
+  or a resumed run's, return the version the first attempt wrote;
+- what ``flows.retry_policy`` calls permanent (bad input, non-finite arithmetic) fails at
+  once, since retrying would fail the same way.
 
 ``meta_train_from_file`` reads the config from a YAML file at run time, for work-pool
 deployments (``prefect.yaml``) that point at a checked-in config.
@@ -31,19 +35,23 @@ from prefect.runtime import flow_run
 from prefect.states import State
 
 from flows.config import MetaTrainConfig, load_config
+from flows.crashed_runs import mark_crashed
 from flows.datasets import Datasets, validate_datasets
 from flows.evaluation import EvaluationReport, evaluate
 from flows.publishing import prefect_artifact_keys, publish, show_in_prefect
+from flows.retry_policy import is_permanent
+from flows.run_retention import prune_runs
+from flows.runs import ActiveRun, abandoned_flow_runs, open_run
 from flows.runtime import code_version, ray_session, torch_threads
-from flows.training import TrainResult, train
+from flows.scale_out import train_on_ray
+from flows.train_state import TrainResult
+from flows.training import train
 from pipeline.artifacts import ArtifactRef
-
-_PERMANENT = (ValueError, TypeError, NotImplementedError, ArithmeticError)
 
 
 def _transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
-    """Retry condition: retry unless the error says the input is wrong."""
-    return not isinstance(state.data, _PERMANENT)
+    """Retry condition: retry unless ``flows.retry_policy`` says it would fail again."""
+    return not is_permanent(state.data)
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,8 @@ class RunSummary:
     parent: str | None
     resumed_from: int | None
     evaluation: EvaluationReport
+    run_dir: str
+    """The run directory (``training.checkpoint_dir/<run id>``)."""
 
 
 @task(name="validate-dataset", cache_policy=NO_CACHE, persist_result=False)
@@ -71,16 +81,13 @@ def validate_dataset(cfg: MetaTrainConfig) -> Datasets:
 
 
 @task(name="train", cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=_transient)
-def train_learner(cfg: MetaTrainConfig, datasets: Datasets) -> TrainResult:
-    """``flows.training.train`` in this flow run's directory, with a progress artifact."""
+def train_learner(cfg: MetaTrainConfig, datasets: Datasets, run_dir: str) -> TrainResult:
+    """Meta-train in ``run_dir``: ``flows.training.train`` in this process (with a progress
+    artifact), or ``flows.scale_out.train_on_ray`` with ``learners.num_learners > 0``."""
+    if cfg.learners.num_learners > 0:
+        return train_on_ray(cfg, datasets.train, run_dir=run_dir, logger=_logger())
     progress = prefect_artifact_keys(cfg.artifacts.name)["progress"] if _in_run() else None
-    return train(
-        cfg,
-        datasets.train,
-        run_dir=run_directory(cfg),
-        logger=_logger(),
-        progress_artifact=progress,
-    )
+    return train(cfg, datasets.train, run_dir=run_dir, logger=_logger(), progress_artifact=progress)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, persist_result=False)
@@ -100,9 +107,13 @@ def evaluate_learner(
     retry_condition_fn=_transient,
 )
 def publish_result(
-    cfg: MetaTrainConfig, trained: TrainResult, report: EvaluationReport, datasets: Datasets
+    cfg: MetaTrainConfig,
+    trained: TrainResult,
+    report: EvaluationReport,
+    datasets: Datasets,
+    run_id: str,
 ) -> ArtifactRef:
-    """``flows.publishing.publish`` (idempotent per flow run), then the Prefect artifacts."""
+    """``flows.publishing.publish`` (idempotent per run), then the Prefect artifacts."""
     ref = publish(
         cfg,
         trained,
@@ -110,6 +121,7 @@ def publish_result(
         datasets,
         flow_run_id=flow_run.get_id(),
         code_version=code_version(),
+        run_id=run_id,
     )
     if _in_run():
         show_in_prefect(ref, cfg.artifacts.root, trained, report)
@@ -118,15 +130,22 @@ def publish_result(
 
 
 @flow(name="meta-train", persist_result=False)
-def meta_train(cfg: MetaTrainConfig) -> RunSummary:
-    """Meta-train on ``cfg.data.train``, evaluate on ``cfg.data.heldout``, publish."""
+def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
+    """Meta-train on ``cfg.data.train``, evaluate on ``cfg.data.heldout``, publish.
+
+    ``resume`` is the directory of an unfinished run of the same config to continue from
+    its last checkpoint (``offmeta run --resume`` finds it); None starts a new run.
+    """
     with ray_session(cfg.ray), torch_threads(cfg.training.torch_threads):
         datasets = validate_dataset(cfg)
-        trained = train_learner.with_options(
-            retries=cfg.training.retries, retry_delay_seconds=cfg.training.retry_delay_s
-        )(cfg, datasets)
-        report = evaluate_learner(cfg, trained, datasets)
-        ref = publish_result(cfg, trained, report, datasets)
+        with open_run(cfg, resume=resume, flow_run_id=flow_run.get_id()) as run:
+            _tidy_runs(cfg, run)
+            trained = train_learner.with_options(
+                retries=cfg.training.retries, retry_delay_seconds=cfg.training.retry_delay_s
+            )(cfg, datasets, str(run.path))
+            report = evaluate_learner(cfg, trained, datasets)
+            ref = publish_result(cfg, trained, report, datasets, run.run_id)
+            run.finish(str(ref), ref.uri)
     return RunSummary(
         artifact=str(ref),
         uri=ref.uri,
@@ -134,12 +153,17 @@ def meta_train(cfg: MetaTrainConfig) -> RunSummary:
         parent=trained.parent,
         resumed_from=trained.resumed_from,
         evaluation=report,
+        run_dir=str(run.path),
     )
 
 
 @flow(name="meta-train-from-file", persist_result=False)
 def meta_train_from_file(config: str, overrides: list[str] | None = None) -> RunSummary:
-    """``meta_train`` with the config read from ``config`` (YAML) and ``KEY=VALUE`` overrides."""
+    """``meta_train`` with the config read from ``config`` (YAML) and ``KEY=VALUE`` overrides.
+
+    Relative paths (``config`` and those inside it) are relative to the working directory,
+    which a ``prefect.yaml`` deployment sets to the checkout it was deployed from.
+    """
     return meta_train(load_config(config, overrides or ()))
 
 
@@ -155,6 +179,21 @@ def _in_run() -> bool:
     return TaskRunContext.get() is not None or FlowRunContext.get() is not None
 
 
-def run_directory(cfg: MetaTrainConfig) -> Path:
-    """``training.checkpoint_dir/<flow run id>`` (``local`` outside a flow run)."""
-    return Path(cfg.training.checkpoint_dir) / (flow_run.get_id() or "local")
+def _tidy_runs(cfg: MetaTrainConfig, run: ActiveRun) -> None:
+    """Say which run directory this is, prune old ones, and mark the flow runs of killed
+    runs (this one's earlier starts included) CRASHED."""
+    logger = _logger()
+    if run.earlier_flow_runs:
+        logger.info("resuming the run in %s", run.path)
+    else:
+        logger.info("run directory %s (offmeta run --resume continues it if stopped)", run.path)
+    root = Path(cfg.training.checkpoint_dir)
+    training = cfg.training
+    for removed in prune_runs(
+        root, keep_finished=training.keep_runs, keep_unfinished_days=training.keep_unfinished_days
+    ):
+        logger.info("removed the old run directory %s (training.keep_runs)", removed)
+    killed = [(flow_run_id, run.path) for flow_run_id in run.earlier_flow_runs]
+    killed += abandoned_flow_runs(root)
+    if _in_run() and killed:
+        mark_crashed(dict.fromkeys(killed), logger=logger)

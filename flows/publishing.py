@@ -1,7 +1,9 @@
 """Stage 4 of a run: publish the result as the next version of ``artifacts.name``, and show it
 in Prefect (link, table and markdown artifacts pointing at that version).
 
-The artifact store is the registry; the Prefect artifacts are only a view of it.
+The artifact store is the registry (a directory or ``s3://bucket/prefix``); the Prefect
+artifacts are only a view of it: the link goes to the version's manifest (``file://`` or
+``s3://``) and says how a consumer loads it.
 """
 
 from __future__ import annotations
@@ -11,16 +13,19 @@ import re
 from typing import Any
 
 from flows.config import MetaTrainConfig
+from flows.consumer import learner_state_files
 from flows.datasets import Datasets
 from flows.evaluation import EvaluationReport
-from flows.training import TrainResult
-from pipeline.artifacts import ArtifactRef, ArtifactStore, Lineage
-from pipeline.checkpoints import dump_state
+from flows.pictures import picture_files
+from flows.train_state import TrainResult
+from pipeline.artifacts import (
+    ArtifactNotFoundError,
+    ArtifactRef,
+    ArtifactStore,
+    Lineage,
+    parse_root,
+)
 
-LEARNER_TENSORS = "learner_state.safetensors"
-LEARNER_JSON = "learner_state.json"
-"""The full learner state (learned learning rates, optimizer, config) next to the params:
-``MetaLearner.from_state(pipeline.checkpoints.parse_state(tensors, json))`` rebuilds it."""
 EVALUATION_FILE = "evaluation.json"
 
 
@@ -32,11 +37,15 @@ def publish(
     *,
     flow_run_id: str | None,
     code_version: str | None,
+    run_id: str | None = None,
 ) -> ArtifactRef:
-    """Publish the trained parameters with metrics, config, lineage and learning curve.
+    """Publish the trained parameters with metrics, config, lineage, learning curve and the
+    evaluation's pictures (``flows.pictures``; a warm-started run's adaptation curve shows
+    its parent's beside its own).
 
-    Publishing again for the same ``flow_run_id`` (a retried task) returns the version
-    the first attempt published.
+    Publishing again for the same ``run_id`` (the run directory's name: a retried task, a
+    resumed run), or without one for the same ``flow_run_id``, returns the version the
+    first attempt published.
     """
     metrics: dict[str, Any] = {
         "iterations": trained.iterations,
@@ -60,13 +69,14 @@ def publish(
             "checkpoint": str(trained.checkpoint),
         },
     )
-    tensor_bytes, json_bytes = dump_state(trained.learner_state)
     files = [
-        (LEARNER_TENSORS, tensor_bytes),
-        (LEARNER_JSON, json_bytes),
+        # The full learner state, which flows.consumer.load_learner rebuilds.
+        *learner_state_files(trained.learner_state),
         (EVALUATION_FILE, (json.dumps(report.to_dict(), indent=2) + "\n").encode()),
     ]
-    return ArtifactStore(cfg.artifacts.root).publish(
+    store = ArtifactStore(cfg.artifacts.root)
+    files += picture_files(cfg.artifacts.name, report, _parent_evaluation(store, trained.parent))
+    return store.publish(
         cfg.artifacts.name,
         trained.learner_state["params"],
         metrics=metrics,
@@ -74,8 +84,19 @@ def publish(
         lineage=lineage,
         history=trained.history,
         files=files,
-        idempotency_key=f"meta-train/{flow_run_id}" if flow_run_id else None,
+        idempotency_key=f"meta-train/{key}" if (key := run_id or flow_run_id) else None,
     )
+
+
+def _parent_evaluation(store: ArtifactStore, parent: str | None) -> tuple[str, Any] | None:
+    """``(parent, its evaluation.json)`` for ``adaptation.png``; None without a parent or
+    when the parent holds no evaluation (published by another tool)."""
+    if parent is None:
+        return None
+    try:
+        return parent, json.loads(store.read_file(parent, EVALUATION_FILE))
+    except ArtifactNotFoundError:
+        return None
 
 
 def prefect_artifact_keys(name: str) -> dict[str, str]:
@@ -87,6 +108,16 @@ def prefect_artifact_keys(name: str) -> dict[str, str]:
         "markdown": f"{slug}-report",
         "progress": f"{slug}-training-progress",
     }
+
+
+def consumer_snippet(ref: ArtifactRef, store_root: str) -> str:
+    """One line of Python that loads the version's parameters, on any machine that can reach
+    the store (``pip install offmeta`` is enough: no Ray, no Prefect)."""
+    root = str(parse_root(store_root))
+    return (
+        f"from pipeline.artifacts import ArtifactStore; "
+        f"params = ArtifactStore({root!r}).load_params({str(ref)!r})"
+    )
 
 
 def show_in_prefect(
@@ -102,9 +133,10 @@ def show_in_prefect(
     keys = prefect_artifact_keys(ref.name)
     create_link_artifact(
         link=ref.uri,
-        link_text=f"{ref} manifest",
+        link_text=f"{ref} manifest ({ref.uri})",
         key=keys["link"],
-        description=f"Published version {ref} in the artifact store {store_root}",
+        description=f"Published version {ref} in the artifact store {parse_root(store_root)}; "
+        f"load it with `{consumer_snippet(ref, store_root)}`",
     )
     create_table_artifact(
         table=report.table(),
@@ -134,7 +166,10 @@ def _markdown(
         [
             f"# {ref}",
             "",
-            f"Published to `{store_root}` ([manifest]({ref.uri})); params digest `{ref.digest}`.",
+            f"Published to `{parse_root(store_root)}` ([manifest]({ref.uri})); params digest "
+            f"`{ref.digest}`.",
+            "",
+            f"Load it anywhere the store is reachable: `{consumer_snippet(ref, store_root)}`",
             "",
             f"- parent: `{trained.parent or 'none'}`",
             f"- iterations: {trained.iterations} ({resumed}); weights_seq_no "
@@ -145,7 +180,31 @@ def _markdown(
             "",
             *table,
             "",
-            "The learning curve (`learning_curve.png`, `history.json`) is stored with the "
-            f"version: `offmeta artifacts export {ref} DIR --root {store_root}`.",
+            "## Pictures",
+            "",
+            *_picture_lines(ref, store_root),
         ]
     )
+
+
+def _picture_lines(ref: ArtifactRef, store_root: str) -> list[str]:
+    """Markdown naming each stored picture, its data file and where the version keeps them."""
+    described = {
+        "learning_curve.png": "training losses, gradient norm and learned inner learning rates "
+        "by meta-iteration",
+        "adaptation.png": "held-out query loss against inner steps (and the parent's)",
+        "rollouts.png": "episodes of the unadapted, adapted and expert policies on four "
+        "held-out goals",
+    }
+    files = ArtifactStore(store_root).get(str(ref)).files
+    lines = [
+        f"- `{png}` ({text}; data: `{png.removesuffix('.png')}.json`)"
+        for png, text in described.items()
+        if png in files
+    ]
+    return [
+        *lines,
+        "",
+        f"They are files of `{ref}` in the artifact store `{store_root}`; write them out with "
+        f"`offmeta artifacts export {ref} DIR --root {store_root}`.",
+    ]

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from flows.config import RayConfig
+from pipeline.ray_logging import quiet_ray, verbose
 
 QUIET_ENVIRONMENT = {
     # No internet on the machines this runs on, and nobody asked for telemetry.
@@ -38,25 +39,26 @@ def set_quiet_environment() -> None:
 def ray_session(config: RayConfig) -> Iterator[None]:
     """Join the running Ray session, or start (and afterwards stop) one as ``config`` says.
 
-    A session that was already running (a test fixture, a notebook) is left running.
+    A session that was already running (a test fixture, a notebook) is left running. Ray's
+    output is silenced as for library use (``pipeline.ray_logging``; ``OFFMETA_VERBOSE=1``
+    shows it, and the output of Ray's workers too).
     """
     import ray
 
-    _quiet_ray_logs()
+    quiet_ray()
     if ray.is_initialized():
-        _quiet_ray_data()
         yield
         return
+    quiet = not verbose()
     ray.init(
         # "local" starts a fresh instance even if `ray start` left a cluster address behind.
         address=config.address or "local",
         num_cpus=config.num_cpus,
         include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
+        log_to_driver=not quiet,
+        logging_level=logging.WARNING if quiet else logging.INFO,
     )
     try:
-        _quiet_ray_data()
         yield
     finally:
         ray.shutdown()
@@ -76,27 +78,6 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _quiet_ray_logs() -> None:
-    # Ray Data logs every dataset execution at INFO (it configures its logger when imported,
-    # hence the import first), and Ray warns on every local start that token authentication
-    # is on (it is; the warning explains how to turn it off).
-    import ray.data  # noqa: F401
-
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
-
-
-def _quiet_ray_data() -> None:
-    import ray.data
-    from ray.util.debug import log_once
-
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.print_on_execution_start = False
-    # Ray Data warns once per process that progress bars are off; they are off on purpose.
-    log_once("ray_data_progress_manager_disabled")
 
 
 def code_version(directory: str | Path | None = None) -> str | None:

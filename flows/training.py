@@ -3,17 +3,18 @@ checkpoint of the same run directory.
 
 ``train`` reads top to bottom: task samples -> stream -> learner -> (resume | warm start |
 fresh) -> ``run_meta_training`` with a checkpoint callback. A checkpoint holds the learner
-state, the stream position and the learning-curve history, so a retried attempt continues
-exactly where the last checkpoint left off and ends with the parameters an uninterrupted
-run would have.
+state, the stream position and the learning-curve history (``flows.train_state``), so a
+retried attempt, or a run resumed after its process was killed, continues exactly where
+the last checkpoint left off and ends with the parameters an uninterrupted run would have.
+
+Training on Ray Train workers is ``flows.scale_out.train_on_ray``; the flow chooses.
+``build_task_samples`` and ``warm_start`` serve both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,45 +22,20 @@ import torch
 
 from flows.config import MetaTrainConfig
 from flows.progress import TrainingProgress
+from flows.train_state import TrainResult, learner_shard, restore, train_result
 from learners.meta import MetaLearner
 from learners.training import History, run_meta_training
 from pipeline.artifacts import ArtifactNotFoundError, ArtifactStore
-from pipeline.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from pipeline.checkpoints import latest_checkpoint, save_checkpoint
 from pipeline.dataset import Episodes
 from pipeline.streams import split_for_learners
+from pipeline.task_windows import TaskWindows
 from pipeline.tasks import TaskSamples, task_samples
 
 _log = logging.getLogger(__name__)
 
-# Test seam: when set, called with the iteration after each checkpoint is saved; a test
-# raises from it once to play a crash between checkpoints. Nothing else can be replaced.
-_checkpoint_hook: Callable[[int], None] | None = None
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What the training stage hands to evaluation and publishing."""
-
-    learner_state: dict[str, Any]
-    """``MetaLearner.get_state()`` after the last iteration (rebuild with ``from_state``)."""
-    history: History
-    """Learning curve: metric -> value at each logged iteration."""
-    iterations: int
-    weights_seq_no: int
-    final_metrics: dict[str, float]
-    """The last logged value of each learning-curve metric."""
-    parent: str | None
-    """``name:version`` the run was warm-started from, if any."""
-    resumed_from: int | None
-    """Iteration of the checkpoint the last attempt resumed from (None: no resume)."""
-    checkpoint: Path
-    """The final checkpoint."""
-    tasks: dict[str, Any]
-    """``TaskSamples.summary()`` of the training data."""
-    restarts: int = 0
-    """Times Ray Train started the worker group again after a worker failed (0 in process)."""
-    num_learners: int = 0
-    """Ray Train workers that trained (0: trained in this process)."""
+CHECKPOINTS = "checkpoints"
+"""Under a run directory: the in-process checkpoints."""
 
 
 def train(
@@ -70,21 +46,21 @@ def train(
     logger: logging.Logger | logging.LoggerAdapter | None = None,
     progress_artifact: str | None = None,
 ) -> TrainResult:
-    """Meta-train on ``data`` for ``cfg.training.iterations`` meta-steps.
+    """Meta-train on ``data`` for ``cfg.training.iterations`` meta-steps in this process.
 
     Checkpoints go to ``run_dir/checkpoints``; if one is there already (a retried
-    attempt), training resumes from the newest. ``progress_artifact`` is the key of a
-    Prefect progress artifact to keep up to date (inside a Prefect run only).
+    attempt, a resumed run), training resumes from the newest. ``progress_artifact`` is
+    the key of a Prefect progress artifact to keep up to date (inside a Prefect run only).
     """
     logger = logger or _log
-    if cfg.learners.num_learners > 0:
-        # Imported here: flows.scale_out imports this module (TrainResult,
-        # build_task_samples, warm_start).
-        from flows.scale_out import train_on_ray
-
-        return train_on_ray(cfg, data, run_dir=run_dir, logger=logger)
+    if cfg.learners.num_learners != 0:
+        raise ValueError(
+            f"flows.training.train trains in this process (learners.num_learners 0), got "
+            f"learners.num_learners={cfg.learners.num_learners}; use "
+            "flows.scale_out.train_on_ray for Ray Train workers"
+        )
     training, tasks = cfg.training, cfg.tasks
-    checkpoints = Path(run_dir) / "checkpoints"
+    checkpoints = Path(run_dir) / CHECKPOINTS
     samples = build_task_samples(cfg, data, logger)
     (stream,) = split_for_learners(
         samples, 1, minibatch_size=tasks.meta_batch, seed=tasks.seed, device=training.device
@@ -94,26 +70,19 @@ def train(
     with contextlib.closing(stream):
         found = latest_checkpoint(checkpoints)
         if found is not None:
-            checkpoint = load_checkpoint(found)
-            learner.set_state(checkpoint.state["learner"])
-            stream.restore(checkpoint.state["streams"][0])
-            start, resumed_from = checkpoint.step, checkpoint.step
-            history, parent = checkpoint.state["history"], checkpoint.state["parent"]
+            resumed = restore(found, rank=0, world=1, learner=learner, stream=stream)
+            start, resumed_from = resumed.iteration, resumed.iteration
+            history, parent = resumed.history, resumed.parent
         else:
             torch.manual_seed(training.seed)
             start, resumed_from, history = 0, None, None
             parent = warm_start(cfg, learner, logger) if training.warm_start else None
 
         def save(iteration: int, history: History) -> None:
-            state = {
-                "learner": learner.get_state(),
-                "streams": [stream.state()],
-                "history": history,
-                "parent": parent,
-            }
-            save_checkpoint(checkpoints, iteration, state, keep=training.keep_checkpoints)
-            if _checkpoint_hook is not None:
-                _checkpoint_hook(iteration)
+            shard = learner_shard(
+                iteration, learner, stream, rank=0, history=history, parent=parent
+            )
+            save_checkpoint(checkpoints, iteration, shard, keep=training.keep_checkpoints)
 
         progress = TrainingProgress(
             total=training.iterations,
@@ -123,35 +92,31 @@ def train(
             artifact_key=progress_artifact,
         )
         progress.begin()
-        history = run_meta_training(
+        run_meta_training(
             learner,
             stream.take(training.iterations - start),
             start=start,
             stop=training.iterations,
             log_every=training.log_every,
             checkpoint_every=training.checkpoint_every,
+            history_every=training.history_every,
             history=history,
             on_log=progress,
             on_checkpoint=save,
         )
     final = latest_checkpoint(checkpoints)
     assert final is not None  # the loop checkpoints after its last iteration
-    return TrainResult(
-        learner_state=learner.get_state(),
-        history=history,
+    return train_result(
+        final,
         iterations=training.iterations,
-        weights_seq_no=learner.weights_seq_no,
-        final_metrics={name: values[-1] for name, values in history.items()},
-        parent=parent,
         resumed_from=resumed_from,
-        checkpoint=final,
         tasks=samples.summary(),
     )
 
 
 def build_task_samples(
     cfg: MetaTrainConfig, data: Episodes, logger: logging.Logger | logging.LoggerAdapter
-) -> TaskSamples:
+) -> TaskSamples | TaskWindows:
     """The training task samples ``cfg.tasks`` asks for, summarised in the log (with a
     warning when tasks smaller than K + Q were left out)."""
     tasks = cfg.tasks
@@ -162,6 +127,8 @@ def build_task_samples(
         modules_to_update=cfg.learners.data_modules,
         skip_small_tasks=tasks.skip_small_tasks,
         gamma=cfg.data.gamma,
+        mode=tasks.mode,
+        memory_budget_mb=tasks.memory_budget_mb,
     )
     logger.info("task samples: %s", samples.summary())
     if samples.skipped_tasks:

@@ -230,6 +230,15 @@ class MetaLearner:
         No gradient reaches the meta-parameters (adaptation differentiates only the
         adapted copies).
         """
+        per_task = self.evaluate_tasks(meta_batch, steps)
+        curves = torch.stack(list(per_task.values()), dim=1)
+        return dict(zip(per_task, curves.mean(0).tolist(), strict=True))
+
+    def evaluate_tasks(
+        self, meta_batch: MetaBatch, steps: Iterable[int] = (0, 1, 5, 10)
+    ) -> dict[int, Tensor]:
+        """`evaluate` before the mean: each task's query loss (a `[tasks]` tensor, in the
+        meta-batch's task order) for each number of `steps`, in increasing order."""
         wanted = sorted(set(steps))
         if not wanted or wanted[0] < 0:
             raise ValueError(f"steps must be non-negative integers, got {list(steps)}")
@@ -253,7 +262,7 @@ class MetaLearner:
                         for i in range(num_tasks)
                     ]
                 )
-        return dict(zip(wanted, curves.mean(0).tolist(), strict=True))
+        return dict(zip(wanted, curves.unbind(1), strict=True))
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to rebuild this learner and continue exactly (`from_state`)."""

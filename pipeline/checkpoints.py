@@ -1,10 +1,13 @@
 """Checkpoints of a training run: nested state (learner state, stream positions, history)
-saved as one safetensors file of tensors plus one JSON document of everything else.
+saved as safetensors files of tensors plus JSON documents of everything else.
 
 No pickle anywhere: a checkpoint can be read by any safetensors + JSON reader and loading
-one never runs code. Each checkpoint is a directory ``ckpt-<step:08d>/`` written under a
-temporary name and renamed into place, so a reader sees either a whole checkpoint or none;
-``latest_checkpoint`` is the highest step present.
+one never runs code. A checkpoint is a directory holding one *shard* per learner of the
+run, ``learner-<rank>.safetensors`` + ``learner-<rank>.json`` (one learner in process, one
+per Ray Train worker, whose directories Ray Train merges into one). ``save_checkpoint``
+writes a one-learner checkpoint ``ckpt-<step:08d>/`` under a temporary name and renames it
+into place, so a reader sees either a whole checkpoint or none; ``latest_checkpoint`` is the
+highest step present.
 
 The JSON document mirrors the state's nesting. Tensors become ``{"__tensor__": key}``;
 tuples, dicts with non-string keys and non-finite floats get tagged forms too, so that
@@ -31,10 +34,9 @@ from safetensors.torch import save as save_tensors
 
 from pipeline.artifacts.fsio import fsync_dir, write_file
 
-TENSORS_FILE = "tensors.safetensors"
-STATE_FILE = "state.json"
 FORMAT = 1
 _NAME = re.compile(r"ckpt-(\d{8})")
+_SHARD = re.compile(r"learner-(\d+)\.json")
 _TAGS = ("__tensor__", "__tuple__", "__dict__", "__float__")
 
 
@@ -49,8 +51,43 @@ class Checkpoint:
     step: int
     """The step (iteration) it was taken after."""
     state: dict[str, Any]
-    """The state as it was saved (tensors on CPU)."""
+    """The state of learner 0 as it was saved (tensors on CPU)."""
     path: Path
+
+
+def shard_files(rank: int) -> tuple[str, str]:
+    """``(tensor file, JSON file)`` names of learner ``rank``'s shard in a checkpoint."""
+    return f"learner-{rank}.safetensors", f"learner-{rank}.json"
+
+
+def write_shard(
+    directory: str | os.PathLike[str], rank: int, state: Mapping[str, Any], *, durable: bool
+) -> None:
+    """Write learner ``rank``'s ``state`` into the checkpoint ``directory`` (the JSON document
+    last: a shard whose JSON file exists is complete, even if a filesystem ignored fsyncs)."""
+    tensor_bytes, json_bytes = dump_state(state)
+    for name, data in zip(shard_files(rank), (tensor_bytes, json_bytes), strict=True):
+        write_file(Path(directory) / name, data, durable=durable)
+
+
+def read_shard(directory: str | os.PathLike[str], rank: int) -> dict[str, Any]:
+    """What learner ``rank`` saved in the checkpoint ``directory`` (tensors on CPU)."""
+    directory = Path(directory)
+    tensor_file, json_file = shard_files(rank)
+    try:
+        tensor_bytes = (directory / tensor_file).read_bytes()
+        json_bytes = (directory / json_file).read_bytes()
+    except OSError as error:
+        raise CheckpointError(
+            f"checkpoint {directory}: cannot read {error.filename}: {error.strerror}"
+        ) from None
+    return parse_state(tensor_bytes, json_bytes, where=f"{directory}/learner-{rank}")
+
+
+def shard_ranks(directory: str | os.PathLike[str]) -> list[int]:
+    """The ranks of the learners whose shards the checkpoint ``directory`` holds, sorted."""
+    names = (entry.name for entry in Path(directory).iterdir())
+    return sorted(int(match.group(1)) for name in names if (match := _SHARD.fullmatch(name)))
 
 
 def encode_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -95,7 +132,8 @@ def save_checkpoint(
     *,
     keep: int | None = None,
 ) -> Path:
-    """Write ``state`` as checkpoint ``step`` under ``directory``; returns its path.
+    """Write ``state`` as the one-learner checkpoint ``step`` under ``directory`` (learner
+    0's shard); returns its path.
 
     The checkpoint appears atomically (temporary directory, fsync, rename). A checkpoint
     of the same step is replaced. With ``keep``, only the newest ``keep`` checkpoints stay.
@@ -104,14 +142,10 @@ def save_checkpoint(
         raise CheckpointError(f"step must be an int >= 0, got {step!r}")
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    tensor_bytes, json_bytes = dump_state(state)
     staging = root / f".tmp-{step:08d}-{os.getpid()}-{secrets.token_hex(4)}"
     staging.mkdir()
     try:
-        # The JSON document goes last: a directory holding it is complete even if some
-        # filesystem ignored the fsyncs.
-        for name, data in ((TENSORS_FILE, tensor_bytes), (STATE_FILE, json_bytes)):
-            write_file(staging / name, data, durable=True)
+        write_shard(staging, 0, state, durable=True)
         fsync_dir(staging)
         final = root / f"ckpt-{step:08d}"
         if final.exists():
@@ -136,19 +170,14 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Read a checkpoint directory written by ``save_checkpoint``; tensors come back on CPU
-    (``MetaLearner.set_state`` and ``torch.optim`` move them to the parameters' device)."""
+    """Read learner 0's shard of a checkpoint written by ``save_checkpoint``; tensors come
+    back on CPU (``MetaLearner.set_state`` and ``torch.optim`` move them to the parameters'
+    device)."""
     path = Path(path)
     match = _NAME.fullmatch(path.name)
     if match is None:
         raise CheckpointError(f"{path} is not a checkpoint directory (expected ckpt-NNNNNNNN)")
-    try:
-        tensor_bytes = (path / TENSORS_FILE).read_bytes()
-        json_bytes = (path / STATE_FILE).read_bytes()
-    except OSError as error:
-        raise CheckpointError(f"{path}: cannot read {error.filename}: {error.strerror}") from None
-    state = parse_state(tensor_bytes, json_bytes, where=str(path))
-    return Checkpoint(step=int(match.group(1)), state=state, path=path)
+    return Checkpoint(step=int(match.group(1)), state=read_shard(path, 0), path=path)
 
 
 def _checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -159,7 +188,7 @@ def _checkpoints(root: Path) -> list[tuple[int, Path]]:
     found = []
     for entry in entries:
         match = _NAME.fullmatch(entry.name)
-        if match and (entry / STATE_FILE).is_file():
+        if match and (entry / shard_files(0)[1]).is_file():
             found.append((int(match.group(1)), entry))
     return sorted(found)
 
@@ -205,7 +234,9 @@ def _decode(value: Any, tensors: Mapping[str, torch.Tensor], where: str) -> Any:
         ((tag, inner),) = value.items()
         if tag == "__tensor__":
             if inner not in tensors:
-                raise CheckpointError(f"{where}: tensor {inner!r} is missing from {TENSORS_FILE}")
+                raise CheckpointError(
+                    f"{where}: tensor {inner!r} is missing from the safetensors file"
+                )
             return tensors[inner]
         if tag == "__tuple__":
             return tuple(_decode(v, tensors, where) for v in inner)

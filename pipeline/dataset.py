@@ -1,14 +1,16 @@
 """Read an episode dataset: check it, fingerprint it, count it, then hand it to Ray Data.
 
-``inspect_episodes`` does everything that needs no Ray (footer checks, ``dataset.json``,
-fingerprint, episode/task/module counts); ``read_episodes`` adds the Ray Dataset, built
-only from files that passed. Columns arrive in canonical names and canonical types:
-observations and float actions as ``fixed_shape_tensor`` (so numpy batches are float32
-``[B, *shape]`` arrays, never object arrays) and ``t`` as int32.
+``inspect_episodes`` does everything that needs no Ray (footer checks, nulls,
+``dataset.json``, episode structure across files, fingerprint, episode/task/module counts);
+``read_episodes`` adds the Ray Dataset, built only from files that passed. Columns arrive
+in canonical names and canonical types: observations and float actions as
+``fixed_shape_tensor`` (so numpy batches are float32 ``[B, *shape]`` arrays, never object
+arrays) and ``t`` as int32.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -18,17 +20,19 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
+from pipeline.episode_checks import check_episodes
 from pipeline.metadata import check_metadata, check_task_ids, load_metadata
-from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError, EpisodeSchema
+from pipeline.parquet_files import map_files
+from pipeline.ray_logging import quiet_ray
+from pipeline.schema import EpisodeSchema
 from pipeline.sources import METADATA_FILE, ResolvedSource, Source, resolve_source
-from pipeline.validation import build_schema, check_column_map, read_footers
+from pipeline.validation import build_schema, check_column_map, check_nulls, read_footers
 
 if TYPE_CHECKING:
     import ray.data
 
-_HASH_CHUNK = 8 << 20
+_HASH_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,10 @@ class DatasetInfo:
     """sha256 hex digest of the files and ``dataset.json`` (see data/README.md)."""
     files: tuple[str, ...]
     """Sorted paths on ``filesystem``."""
+    file_sizes: tuple[int, ...]
+    """Bytes on disk of each of ``files``, as validated and fingerprinted."""
+    file_rows: tuple[int, ...]
+    """Rows of each of ``files``, from their footers."""
     num_rows: int
     num_episodes: int
     """Distinct ``eps_id`` values."""
@@ -86,32 +94,39 @@ def inspect_episodes(
     *,
     column_map: Mapping[str, str] | None = None,
     filesystem: pafs.FileSystem | None = None,
+    allow_partial_episodes: bool = False,
 ) -> DatasetInfo:
     """Validate a dataset and describe it, reading footers, id columns and file bytes only.
 
     Raises ``DatasetError`` naming the file, the column, what was found and what was
     expected. ``column_map`` maps canonical names to names on disk.
+    ``allow_partial_episodes`` accepts episodes that do not start at ``t = 0``, miss steps
+    or carry an end flag before their last step (see data/README.md, Episodes).
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
     metadata, metadata_bytes = load_metadata(resolved)
     facts = read_footers(resolved, mapping)
     schema = build_schema(resolved, facts, mapping)
+    check_nulls(resolved, facts, mapping)
     rows_per_file = {f.path: f.num_rows for f in facts}
     if metadata is not None:
         check_metadata(metadata, resolved, schema, rows_per_file)
-    num_episodes, task_ids, module_ids = _count_ids(resolved, schema)
+    ids = check_episodes(resolved, schema, allow_partial_episodes=allow_partial_episodes)
     if metadata is not None:
-        check_task_ids(metadata, resolved, task_ids)
+        check_task_ids(metadata, resolved, ids.task_ids)
+    fingerprint, sizes = _fingerprint(resolved, metadata_bytes)
     return DatasetInfo(
         schema=schema,
         metadata=_json_document(metadata_bytes),
-        fingerprint=_fingerprint(resolved, metadata_bytes),
+        fingerprint=fingerprint,
         files=resolved.files,
+        file_sizes=sizes,
+        file_rows=tuple(rows_per_file[path] for path in resolved.files),
         num_rows=sum(rows_per_file.values()),
-        num_episodes=num_episodes,
-        task_ids=task_ids,
-        module_ids=module_ids,
+        num_episodes=ids.num_episodes,
+        task_ids=ids.task_ids,
+        module_ids=ids.module_ids,
         root=resolved.root,
         filesystem=resolved.filesystem,
         needs_normalising=_needs_normalising(facts[0].types),
@@ -123,22 +138,25 @@ def read_episodes(
     *,
     column_map: Mapping[str, str] | None = None,
     filesystem: pafs.FileSystem | None = None,
+    allow_partial_episodes: bool = False,
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
 
-    The Ray Dataset reads exactly the validated files, renames columns to their canonical
-    names and normalises types; it starts Ray (or joins the running session) on first use.
+    The Ray Dataset reads exactly the validated files, in groups of files per read task
+    (``pipeline.grouped_read``), renames columns to their canonical names and normalises
+    types; it starts Ray (or joins the running session) on first use. Ray's INFO output is
+    silenced unless ``OFFMETA_VERBOSE=1`` (``pipeline.ray_logging``).
     """
-    import ray.data
+    from pipeline.grouped_read import read_grouped
 
-    info = inspect_episodes(source, column_map=column_map, filesystem=filesystem)
-    dataset = ray.data.read_parquet(
-        list(info.files),
-        filesystem=info.filesystem,
-        # Files are already chosen; Ray must neither drop nor add (hive partition) columns.
-        file_extensions=None,
-        partitioning=None,
+    quiet_ray()
+    info = inspect_episodes(
+        source,
+        column_map=column_map,
+        filesystem=filesystem,
+        allow_partial_episodes=allow_partial_episodes,
     )
+    dataset = read_grouped(info.files, info.file_sizes, info.file_rows, info.filesystem)
     fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
     return Episodes(**fields, dataset=to_canonical(info, dataset))
 
@@ -146,7 +164,7 @@ def read_episodes(
 def to_canonical(info: DatasetInfo, dataset: ray.data.Dataset) -> ray.data.Dataset:
     """``dataset``, a Ray read of ``info``'s validated files, with the canonical column
     names and types: the one place that renames and converts, for ``read_episodes`` and
-    for the streams' per-epoch reads."""
+    for the streams' per-epoch reads (``canonical_table`` does the same to one table)."""
     renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
     if renames:
         dataset = dataset.rename_columns(renames)
@@ -158,6 +176,15 @@ def to_canonical(info: DatasetInfo, dataset: ray.data.Dataset) -> ray.data.Datas
             zero_copy_batch=True,
         )
     return dataset
+
+
+def canonical_table(info: DatasetInfo, table: pa.Table) -> pa.Table:
+    """``table``, read from one of ``info``'s validated files, with the canonical column
+    names and types (as ``to_canonical`` gives them in a Ray Dataset)."""
+    renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
+    if renames:
+        table = table.rename_columns([renames.get(name, name) for name in table.column_names])
+    return _normalise_batch(table) if info.needs_normalising else table
 
 
 def _needs_normalising(types: Mapping[str, pa.DataType]) -> bool:
@@ -183,55 +210,31 @@ def _normalise_batch(batch: pa.Table) -> pa.Table:
     return batch
 
 
-def _count_ids(
-    resolved: ResolvedSource, schema: EpisodeSchema
-) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
-    """Distinct episodes, tasks and modules, reading only those columns."""
-    canonical = ["eps_id"]
-    canonical += ["task_id"] if schema.has_task_id else []
-    canonical += ["module_id"] if schema.has_module_id else []
-    on_disk = [schema.column_map.get(c, c) for c in canonical]
-    seen: dict[str, set[Any]] = {c: set() for c in canonical}
-    for path in resolved.files:
-        try:
-            with resolved.filesystem.open_input_file(path) as handle:
-                table = pq.ParquetFile(handle).read(columns=on_disk)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise DatasetError(
-                f"{path}: columns {', '.join(on_disk)} cannot be read ({_one_line(exc)}); expected "
-                "readable Parquet data behind a valid footer (is the file corrupted?)"
-            ) from None
-        for name, column in zip(canonical, table.columns, strict=True):
-            values = pc.unique(column)
-            if pa.types.is_dictionary(values.type):
-                values = values.dictionary_decode()
-            seen[name].update(values.to_pylist())
-    tasks = tuple(sorted(seen["task_id"])) if schema.has_task_id else (DEFAULT_TASK_ID,)
-    modules = tuple(sorted(seen["module_id"])) if schema.has_module_id else (DEFAULT_MODULE_ID,)
-    return len(seen["eps_id"]), tasks, modules
-
-
-def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> str:
+def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> tuple[str, tuple[int, ...]]:
     """sha256 over the sorted ``relative path, size, sha256 of the bytes`` lines of every
-    file, then ``dataset.json``'s bytes: any changed byte changes it, renames too."""
-    entries = []
-    for path in resolved.files:
-        digest, size = hashlib.sha256(), 0
-        with resolved.filesystem.open_input_stream(path) as stream:
-            while chunk := stream.read(_HASH_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-        entries.append((resolved.relative(path), size, digest.hexdigest()))
+    file, then ``dataset.json``'s bytes: any changed byte changes it, renames too. Also
+    each file's size, in the order of ``resolved.files``."""
+    hashed = map_files(functools.partial(_file_digest, resolved.filesystem), resolved.files)
+    entries = [
+        (resolved.relative(path), size, digest)
+        for path, (size, digest) in zip(resolved.files, hashed, strict=True)
+    ]
     total = hashlib.sha256()
     for relative, size, digest in sorted(entries):
         total.update(f"{relative}\t{size}\t{digest}\n".encode())
     if metadata_bytes:
         total.update(f"{METADATA_FILE}\t{len(metadata_bytes)}\t".encode() + metadata_bytes)
-    return total.hexdigest()
+    return total.hexdigest(), tuple(size for size, _ in hashed)
 
 
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
+def _file_digest(filesystem: pafs.FileSystem, path: str) -> tuple[int, str]:
+    """Size and sha256 hex digest of one file's bytes."""
+    digest, size = hashlib.sha256(), 0
+    with filesystem.open_input_stream(path) as stream:
+        while chunk := stream.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def _json_document(raw: bytes) -> dict[str, Any]:

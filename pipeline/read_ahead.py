@@ -112,17 +112,3 @@ def bundle_blocks(bundle: Any) -> Iterator[pa.Table]:
         if piece is not None:
             block = block.slice(piece.start_offset, piece.end_offset - piece.start_offset)
         yield block
-
-
-def file_windows(files: Sequence[str], sizes: Sequence[int], window_bytes: int) -> list[list[str]]:
-    """``files`` in order, cut into runs of at most ``window_bytes`` on disk (a larger
-    file is a window of its own)."""
-    windows: list[list[str]] = []
-    total = 0
-    for path, size in zip(files, sizes, strict=True):
-        if not windows or total + size > window_bytes:
-            windows.append([])
-            total = 0
-        windows[-1].append(path)
-        total += size
-    return windows

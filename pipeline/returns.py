@@ -92,12 +92,17 @@ def discounted_returns(rewards: np.ndarray, starts: np.ndarray, gamma: float) ->
 
 def returns_columns(table: pa.Table, gamma: float) -> dict[str, np.ndarray]:
     """``returns`` (float32) and ``returns_truncated`` (bool) of a table whose episodes are
-    contiguous, each in step order."""
-    episodes = _decoded(table.column("eps_id"))
+    contiguous, each in step order. With a ``module_id`` column an episode is
+    ``(module_id, eps_id)``: agents of one recording may share ``eps_id``."""
     n = table.num_rows
     if n == 0:
         return {RETURNS: np.zeros(0, np.float32), RETURNS_TRUNCATED: np.zeros(0, bool)}
-    changed = pc.not_equal(episodes.slice(1), episodes.slice(0, n - 1))
+    keys = [name for name in ("module_id", "eps_id") if name in table.column_names]
+    changed = None
+    for name in keys:
+        values = _decoded(table.column(name))
+        step = pc.not_equal(values.slice(1), values.slice(0, n - 1))
+        changed = step if changed is None else pc.or_(changed, step)
     starts = np.concatenate(([0], np.flatnonzero(_numpy_bool(changed)) + 1))
     rewards = table.column("rewards").to_numpy()
     last = np.append(starts[1:], n) - 1
@@ -129,6 +134,15 @@ class ReturnsIndex:
         keys = self._keys(codes, t)
         order = np.argsort(keys, kind="stable")
         self._keys_sorted = keys[order]
+        repeated = np.flatnonzero(np.diff(self._keys_sorted) == 0)
+        if len(repeated):
+            row = int(order[repeated[0]])
+            raise DatasetError(
+                f"returns: eps_id {episodes[row].as_py()!r} t {int(t[row])} is on more than "
+                "one row (modules sharing episode ids); row streams look returns up by "
+                "(eps_id, t), so expected each pair once: use task_samples, which keeps "
+                "modules apart, or give each module's episodes their own eps_id"
+            )
         derived = returns_columns(table.take(pa.array(order)), gamma)
         self._values = derived
 

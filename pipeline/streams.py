@@ -30,7 +30,9 @@ from pipeline.batching import Batch, finalize
 from pipeline.epoch_sources import EpochSource, row_source
 from pipeline.schema import DatasetError
 from pipeline.stall import ProgressBoard, StreamStalledError
-from pipeline.tasks import TaskSamples, TaskSource
+from pipeline.task_sources import TaskSource, WindowTaskSource
+from pipeline.task_windows import TaskWindows
+from pipeline.tasks import TaskSamples
 
 if TYPE_CHECKING:
     import ray.data
@@ -139,6 +141,8 @@ class LearnerStream:
         """
         rows = self._batches * self._group.rows_per_batch
         elapsed = time.monotonic() - self._first_take if self._first_take else 0.0
+        # Sources with counters of their own (windows of task samples) add them.
+        source_stats = getattr(self._group.source, "stats", dict)
         return {
             "learner": self.name,
             "epoch": self._epoch,
@@ -148,6 +152,7 @@ class LearnerStream:
             "dropped_rows": self._dropped_rows,
             "wait_s": round(self._wait_s, 3),
             "rows_per_s": rows / elapsed if elapsed > 0 else 0.0,
+            **source_stats(),
         }
 
     def close(self) -> None:
@@ -342,7 +347,7 @@ class _Group:
 
 
 def split_for_learners(
-    source: Episodes | TaskSamples | ray.data.DataIterator,
+    source: Episodes | TaskSamples | TaskWindows | ray.data.DataIterator,
     num_learners: int,
     *,
     minibatch_size: int,
@@ -359,7 +364,8 @@ def split_for_learners(
     """Split ``source`` once into one repeatable stream per learner.
 
     ``source`` is ``Episodes`` (row minibatches of ``minibatch_size`` rows), the result
-    of ``task_samples`` (meta-batches of ``minibatch_size`` tasks per learner), or a Ray
+    of ``task_samples`` (meta-batches of ``minibatch_size`` tasks per learner, in memory
+    or read window by window), or a Ray
     ``DataIterator`` that is already one learner's shard (Ray Train's
     ``get_dataset_shard``; ``num_learners=1``). Row streams fetch ``superbatch_rows`` rows
     per Ray Data batch (rounded down to whole minibatches), shuffle the file order (the
@@ -385,14 +391,16 @@ def split_for_learners(
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < num_learners for r in ranks):
         raise ValueError(f"ranks must be distinct learners in [0, {num_learners}), got {ranks}")
     source_of_batches: EpochSource
-    if isinstance(source, TaskSamples):
+    extra_settings: dict[str, Any] = {}
+    if isinstance(source, TaskSamples | TaskWindows):
         given = (columns, modules_to_update, gamma)
         if any(value is not None for value in given) or materialize:
             raise ValueError(
-                "task samples are already in memory, with columns, modules_to_update and "
-                "gamma chosen by task_samples(); pass those there, and no materialize="
+                "task samples come with their columns, modules_to_update and gamma chosen "
+                "by task_samples(); pass those there, and no materialize="
             )
-        source_of_batches = TaskSource(
+        windowed = isinstance(source, TaskWindows)
+        source_of_batches = (WindowTaskSource if windowed else TaskSource)(
             source,
             tasks_per_batch=minibatch_size,
             seed=seed,
@@ -401,6 +409,9 @@ def split_for_learners(
             pin_memory=device.type == "cuda",
         )
         kind, rows_per_batch = "tasks", minibatch_size * (source.support + source.query)
+        if windowed:
+            # Another window size gives other batches: a state resumes only the same one.
+            kind, extra_settings = "task_windows", {"window_rows": source.window_rows}
     else:
         if len(ranks) != num_learners:
             raise ValueError(
@@ -429,6 +440,7 @@ def split_for_learners(
             "num_learners": num_learners,
             "seed": seed,
             "minibatch_size": minibatch_size,
+            **extra_settings,
         },
         rows_per_batch=rows_per_batch,
         device=device,

@@ -1,17 +1,21 @@
-"""Check Parquet files against the episode contract from their footers alone.
+"""Check Parquet files against the episode contract from their footers.
 
-Opening a ``ParquetFile`` reads the footer (schema and row counts), never the data, so a
-bad dataset is refused in milliseconds, before Ray starts a single task.
+Opening a ``ParquetFile`` reads the footer (schema, row counts, per-column null counts),
+never the data, so a bad dataset is refused in milliseconds, before Ray starts a single
+task. Only a column whose footer statistics report nulls, or carry no null count, is read
+to count them.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.parquet_files import map_files
 from pipeline.schema import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, DatasetError, EpisodeSchema
 from pipeline.sources import ResolvedSource
 
@@ -43,6 +47,7 @@ _EXPECTED = {
     "module_id": ("string or dictionary<string>", "store module ids as strings"),
 }
 _STRINGS = (pa.string(), pa.large_string())
+_SHOWN_FILES = 5
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class FileFacts:
     num_rows: int
     types: dict[str, pa.DataType]
     """Canonical name (or the disk name for columns outside the contract) -> Arrow type."""
+    maybe_null: tuple[str, ...] = ()
+    """Canonical columns whose footer statistics report nulls or do not count them."""
 
 
 def check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
@@ -77,21 +84,59 @@ def check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def read_footers(resolved: ResolvedSource, column_map: Mapping[str, str]) -> list[FileFacts]:
-    """Open every file's footer and check its columns; types are compared across files later."""
-    facts = []
-    for path in resolved.files:
-        try:
-            with resolved.filesystem.open_input_file(path) as handle:
-                footer = pq.ParquetFile(handle)
-                schema, num_rows = footer.schema_arrow, footer.metadata.num_rows
-        except (pa.ArrowInvalid, OSError) as exc:
-            reason = " ".join(str(exc).split())
-            raise DatasetError(
-                f"{path}: not a readable Parquet file ({reason}); expected a complete Parquet "
-                "file (was it truncated while being written, or is it another format?)"
-            ) from None
-        facts.append(FileFacts(path, num_rows, _canonical_types(path, schema, column_map)))
-    return facts
+    """Open every file's footer and check its columns; types are compared across files later.
+
+    A few threads open the files: an open is latency that pyarrow waits out without the
+    GIL (milliseconds per file on object storage), which thousands of small files add up.
+    """
+    return map_files(functools.partial(_file_facts, resolved, column_map), resolved.files)
+
+
+def _file_facts(resolved: ResolvedSource, column_map: Mapping[str, str], path: str) -> FileFacts:
+    try:
+        with resolved.filesystem.open_input_file(path) as handle:
+            footer = pq.ParquetFile(handle)
+            schema, metadata = footer.schema_arrow, footer.metadata
+    except (pa.ArrowInvalid, OSError) as exc:
+        reason = " ".join(str(exc).split())
+        raise DatasetError(
+            f"{path}: not a readable Parquet file ({reason}); expected a complete Parquet "
+            "file (was it truncated while being written, or is it another format?)"
+        ) from None
+    types = _canonical_types(path, schema, column_map)
+    maybe_null = _maybe_null(metadata, schema, column_map)
+    return FileFacts(path, metadata.num_rows, types, maybe_null)
+
+
+def check_nulls(
+    resolved: ResolvedSource, facts: list[FileFacts], column_map: Mapping[str, str]
+) -> None:
+    """Refuse nulls in canonical columns: a null ``obs`` or ``t`` has no meaning to a
+    learner. Only the columns the footers could not clear are read."""
+    for fact in facts:
+        if not fact.maybe_null:
+            continue
+        table = read_columns(resolved, fact.path, [column_map.get(c, c) for c in fact.maybe_null])
+        for column, values in zip(fact.maybe_null, table.columns, strict=True):
+            rows = _null_rows(values)
+            if rows:
+                raise DatasetError(
+                    f"{fact.path}: column {_name(column, column_map)} has nulls in {rows} of "
+                    f"{fact.num_rows} rows; expected a value in every row of every canonical "
+                    "column. Fix: drop or fill those rows"
+                )
+
+
+def read_columns(resolved: ResolvedSource, path: str, columns: list[str]) -> pa.Table:
+    """Read some columns of one file whose footer was checked; refuse damaged data by name."""
+    try:
+        with resolved.filesystem.open_input_file(path) as handle:
+            return pq.ParquetFile(handle).read(columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(
+            f"{path}: columns {', '.join(columns)} cannot be read ({' '.join(str(exc).split())}); "
+            "expected readable Parquet data behind a valid footer (is the file corrupted?)"
+        ) from None
 
 
 def build_schema(
@@ -113,9 +158,12 @@ def build_schema(
         )
     total = sum(f.num_rows for f in facts)
     if total == 0:
+        shown = ", ".join(f.path for f in facts[:_SHOWN_FILES])
+        more = f" and {len(facts) - _SHOWN_FILES} more" if len(facts) > _SHOWN_FILES else ""
         raise DatasetError(
-            f"source {resolved.description!r}: 0 rows in {len(facts)} file(s); expected at "
-            "least one transition"
+            f"source {resolved.description!r}: 0 rows in {len(facts)} file(s) ({shown}{more}); "
+            "expected at least one transition (were the files written before any data "
+            "arrived?)"
         )
     return EpisodeSchema(
         obs_shape=obs_shape,
@@ -179,6 +227,50 @@ def _canonical_types(
                 f"{describe_type(types[column])}; expected {expected}. Fix: {fix}"
             )
     return types
+
+
+def _maybe_null(
+    metadata: pq.FileMetaData, schema: pa.Schema, column_map: Mapping[str, str]
+) -> tuple[str, ...]:
+    """Canonical columns that some row group's statistics do not clear of nulls.
+
+    A tensor column is stored as one leaf column whose null count covers both null rows and
+    null elements, so zero there means no null anywhere in the column.
+    """
+    renamed_from = {on_disk: canonical for canonical, on_disk in column_map.items()}
+    # Leaf paths are "name" or "name.list.element"; match the longest top-level name first,
+    # so a name that itself contains a dot is found whole.
+    names = sorted(schema.names, key=len, reverse=True)
+    top_of = {}
+    for leaf in range(metadata.num_columns):
+        path = metadata.schema.column(leaf).path
+        top_of[leaf] = next(n for n in names if path == n or path.startswith(n + "."))
+    suspect = set()
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for leaf, top in top_of.items():
+            if top in suspect:
+                continue
+            stats = row_group.column(leaf).statistics
+            if stats is None or not stats.has_null_count or stats.null_count:
+                suspect.add(top)
+    canonical = [renamed_from.get(n, n) for n in schema.names if n in suspect]
+    return tuple(c for c in canonical if c in CANONICAL_COLUMNS)
+
+
+def _null_rows(values: pa.ChunkedArray) -> int:
+    """Rows that are null or, for tensors, hold a null element."""
+    rows = 0
+    for chunk in values.chunks:
+        if isinstance(chunk, pa.ExtensionArray):
+            chunk = chunk.storage
+        missing = chunk.is_null().to_numpy(zero_copy_only=False)
+        if pa.types.is_fixed_size_list(chunk.type) and chunk.type.list_size:
+            size = chunk.type.list_size
+            elements = chunk.values.slice(chunk.offset * size, len(chunk) * size)
+            missing |= elements.is_null().to_numpy(zero_copy_only=False).reshape(-1, size).any(1)
+        rows += int(missing.sum())
+    return rows
 
 
 def _type_ok(column: str, arrow_type: pa.DataType) -> bool:

@@ -27,15 +27,17 @@ def episode_table(
     episode_length: int = 3,
     tasks: tuple[str, ...] = ("a", "b"),
     seed: int = 0,
+    first_episode: int = 0,
     **columns: Any,
 ) -> pa.Table:
     """``rows`` transitions in episodes of ``episode_length``, tasks assigned by episode.
 
-    ``action_dim=None`` gives discrete int64 actions. Keyword arguments replace columns
-    (an array) or drop them (``None``); new names add columns.
+    Episodes are numbered from ``first_episode`` (files of one dataset need distinct
+    episodes). ``action_dim=None`` gives discrete int64 actions. Keyword arguments replace
+    columns (an array) or drop them (``None``); new names add columns.
     """
     rng = np.random.default_rng(seed)
-    eps = np.arange(rows) // episode_length
+    eps = first_episode + np.arange(rows) // episode_length
     step = np.arange(rows) % episode_length
     if action_dim is None:
         actions = pa.array(rng.integers(0, 4, rows), pa.int64())

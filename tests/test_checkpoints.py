@@ -12,8 +12,6 @@ import torch
 from learners.meta import MetaLearner
 from learners.training import run_meta_training
 from pipeline.checkpoints import (
-    STATE_FILE,
-    TENSORS_FILE,
     CheckpointError,
     decode_state,
     dump_state,
@@ -21,7 +19,11 @@ from pipeline.checkpoints import (
     latest_checkpoint,
     load_checkpoint,
     parse_state,
+    read_shard,
     save_checkpoint,
+    shard_files,
+    shard_ranks,
+    write_shard,
 )
 
 CONFIG = {
@@ -109,7 +111,7 @@ def test_checkpoints_are_whole_directories_the_newest_wins_and_old_ones_go(
     ]
     newest = latest_checkpoint(tmp_path)
     assert newest == tmp_path / "ckpt-00000012"
-    assert sorted(p.name for p in newest.iterdir()) == [STATE_FILE, TENSORS_FILE]
+    assert sorted(p.name for p in newest.iterdir()) == ["learner-0.json", "learner-0.safetensors"]
     checkpoint = load_checkpoint(newest)
     assert checkpoint.step == 12
     assert checkpoint.state["step"] == 12
@@ -117,6 +119,24 @@ def test_checkpoints_are_whole_directories_the_newest_wins_and_old_ones_go(
     # Saving a step again replaces it.
     save_checkpoint(tmp_path, 12, {"step": "again"})
     assert load_checkpoint(newest).state == {"step": "again"}
+
+
+def test_a_checkpoint_holds_one_shard_per_learner(tmp_path: Path) -> None:
+    # What Ray Train merges from its workers: each writes its own shard into one directory.
+    for rank in (1, 0, 10):
+        write_shard(
+            tmp_path, rank, {"rank": rank, "w": torch.full((2,), float(rank))}, durable=False
+        )
+    assert shard_files(10) == ("learner-10.safetensors", "learner-10.json")
+    assert shard_ranks(tmp_path) == [0, 1, 10]
+    shard = read_shard(tmp_path, 10)
+    assert shard["rank"] == 10 and torch.equal(shard["w"], torch.full((2,), 10.0))
+    with pytest.raises(CheckpointError) as caught:
+        read_shard(tmp_path, 2)
+    assert str(caught.value) == (
+        f"checkpoint {tmp_path}: cannot read {tmp_path / 'learner-2.safetensors'}: "
+        "No such file or directory"
+    )
 
 
 def test_reading_something_else_is_refused(tmp_path: Path) -> None:
@@ -130,7 +150,8 @@ def test_reading_something_else_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as caught:
         load_checkpoint(broken)
     assert str(caught.value) == (
-        f"{broken}: cannot read {broken / TENSORS_FILE}: No such file or directory"
+        f"checkpoint {broken}: cannot read {broken / 'learner-0.safetensors'}: "
+        "No such file or directory"
     )
     with pytest.raises(CheckpointError) as caught:
         decode_state({"format": 99, "state": {}}, {})
@@ -141,7 +162,7 @@ def test_training_resumed_from_a_checkpoint_ends_where_an_uninterrupted_run_ends
     tmp_path: Path,
 ) -> None:
     batches = _meta_batches(10)
-    settings = {"stop": 10, "log_every": 3, "checkpoint_every": 4}
+    settings = {"stop": 10, "log_every": 3, "checkpoint_every": 4, "history_every": 2}
 
     straight = MetaLearner(CONFIG)
     straight_history = run_meta_training(straight, batches, start=0, **settings)
@@ -168,7 +189,8 @@ def test_training_resumed_from_a_checkpoint_ends_where_an_uninterrupted_run_ends
     assert resumed.weights_seq_no == straight.weights_seq_no == 10
     _assert_same(resumed.get_state()["params"], straight.get_state()["params"])
     assert history == straight_history
-    assert len(history["query_loss"]) == 4  # iterations 3, 6, 9 and the last one
+    assert history["iteration"] == [2, 4, 6, 8, 10]  # history_every, whatever log_every is
+    assert len(history["query_loss"]) == 5
 
 
 def test_the_loop_refuses_too_few_meta_batches() -> None:

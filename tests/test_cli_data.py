@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 from episode_files import episode_table, write
 
@@ -75,6 +76,39 @@ def test_validate_refuses_with_message_and_exit_code_1(tmp_path, capsys):
     )
     assert "Traceback" not in shown.out + shown.err
     assert shown.out.startswith(f"{good.parent}: OK\n")
+
+
+def test_validate_refuses_a_null_observation(tmp_path, capsys):
+    obs = episode_table().column("obs").combine_chunks()
+    storage = pa.FixedSizeListArray.from_arrays(
+        obs.storage.values, 3, mask=pa.array([False, False, False, False, True, False])
+    )
+    table = episode_table(obs=pa.ExtensionArray.from_storage(obs.type, storage))
+    path = write(tmp_path / "part.parquet", table)
+
+    assert flows.cli.main(["data", "validate", str(path)]) == 1
+
+    assert capsys.readouterr().err == (
+        f"offmeta data validate: {path}: column 'obs' has nulls in 1 of 6 rows; expected a "
+        "value in every row of every canonical column. Fix: drop or fill those rows\n"
+    )
+
+
+def test_validate_allows_partial_episodes_only_when_asked(tmp_path, capsys):
+    steps = pa.array([0, 1, 2, 0, 2, 3], pa.int32())
+    path = write(tmp_path / "part.parquet", episode_table(t=steps))
+
+    assert flows.cli.main(["data", "validate", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f"offmeta data validate: {path}: eps_id 1 jumps from t 0 to t 2; expected consecutive "
+        "steps within an episode. Fix: write the missing steps, or pass "
+        "allow_partial_episodes=True (--allow-partial-episodes, data.allow_partial_episodes) "
+        "for a dataset that is knowingly partial\n"
+    )
+
+    argv = ["data", "validate", str(path), "--allow-partial-episodes", "--json"]
+    assert flows.cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2
 
 
 def test_malformed_column_map_option(tmp_path, capsys):

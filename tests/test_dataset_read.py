@@ -70,7 +70,7 @@ def test_column_map_and_non_canonical_types_are_normalised(tmp_path, ray_session
 
 def test_inspect_and_read_agree(tmp_path, ray_session):
     write(tmp_path / "x" / "a.parquet", episode_table(6))
-    write(tmp_path / "x" / "b.parquet", episode_table(6, seed=3))
+    write(tmp_path / "x" / "b.parquet", episode_table(6, seed=3, first_episode=2))
     pattern = str(tmp_path / "x" / "*.parquet")
 
     info = inspect_episodes(pattern)

@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from episode_files import episode_table, fixed_list, tensor, write
 
@@ -189,13 +190,70 @@ def test_corrupted_data_behind_a_valid_footer(tmp_path):
     damaged[4:400] = b"\xff" * 396
     path.write_bytes(bytes(damaged))
     assert re.fullmatch(
-        re.escape(f"{path}: columns eps_id, task_id cannot be read (")
+        re.escape(f"{path}: columns eps_id, t, terminateds, truncateds, task_id cannot be read (")
         + r"[^\n]+"
         + re.escape(
             "); expected readable Parquet data behind a valid footer (is the file corrupted?)"
         ),
         _refused(path),
     )
+
+
+def _obs_with_nulls(null_rows=(), null_elements=()) -> pa.Array:
+    """Six 3-float observations; whole rows null, or one element of a row null."""
+    element_mask = np.zeros(18, bool)
+    element_mask[[3 * r + 1 for r in null_elements]] = True
+    row_mask = pa.array(np.isin(np.arange(6), null_rows))
+    values = pa.array(np.arange(18, dtype=np.float32), mask=element_mask)
+    storage = pa.FixedSizeListArray.from_arrays(values, 3, mask=row_mask)
+    return pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.float32(), [3]), storage)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "nulls"),
+    [
+        ("obs", _obs_with_nulls(null_rows=[1], null_elements=[4]), 2),
+        ("obs", _obs_with_nulls(null_elements=[0, 2, 5]), 3),
+        ("eps_id", pa.array([0, 0, None, 1, 1, 1], pa.int64()), 1),
+        ("t", pa.array([0, 1, 2, None, 1, None], pa.int32()), 2),
+        ("actions", pa.array([0, 1, None, 3, 0, 1], pa.int64()), 1),
+        ("rewards", pa.array([None] * 6, pa.float32()), 6),
+        ("terminateds", pa.array([False, False, True, False, None, True]), 1),
+        ("truncateds", pa.array([None, False, False, False, False, False]), 1),
+        ("task_id", pa.array(["a", "a", "a", None, None, None]), 3),
+    ],
+)
+@pytest.mark.parametrize("statistics", [True, False], ids=["footer", "scan"])
+def test_nulls_in_a_canonical_column(tmp_path, column, value, nulls, statistics):
+    path = tmp_path / "part.parquet"
+    pq.write_table(episode_table(**{column: value}), path, write_statistics=statistics)
+    assert _refused(path) == (
+        f"{path}: column {column!r} has nulls in {nulls} of 6 rows; expected a value in every "
+        "row of every canonical column. Fix: drop or fill those rows"
+    )
+
+
+def test_files_without_statistics_are_scanned_and_accepted_when_clean(tmp_path):
+    path = tmp_path / "part.parquet"
+    pq.write_table(episode_table(new_obs=_obs_with_nulls()), path, write_statistics=False)
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).statistics is None
+    assert inspect_episodes(path).num_rows == 6
+
+
+def test_nulls_are_named_by_the_column_on_disk(tmp_path):
+    reward = pa.array([0, 1, 2, 3, None, 5], pa.float32())
+    a = write(tmp_path / "a.parquet", episode_table(rewards=None, reward=reward.fill_null(0)))
+    b = write(tmp_path / "b.parquet", episode_table(rewards=None, reward=reward, first_episode=2))
+    assert inspect_episodes(a, column_map={"rewards": "reward"}).num_rows == 6
+    assert _refused(tmp_path, column_map={"rewards": "reward"}) == (
+        f"{b}: column 'rewards' (on disk 'reward') has nulls in 1 of 6 rows; expected a value "
+        "in every row of every canonical column. Fix: drop or fill those rows"
+    )
+
+
+def test_nulls_outside_the_contract_pass_through(tmp_path):
+    path = write(tmp_path / "part.parquet", episode_table(note=pa.array([None, "x"] * 3)))
+    assert inspect_episodes(path).schema.extra_columns == ("note",)
 
 
 def test_empty_directory(tmp_path):
@@ -206,10 +264,16 @@ def test_empty_directory(tmp_path):
     )
 
 
-def test_zero_rows(tmp_path):
-    write(tmp_path / "part.parquet", episode_table().slice(0, 0))
+def test_zero_rows_names_the_files(tmp_path):
+    files = [write(tmp_path / f"part-{i}.parquet", episode_table().slice(0, 0)) for i in range(7)]
     assert _refused(tmp_path) == (
-        f"source {str(tmp_path)!r}: 0 rows in 1 file(s); expected at least one transition"
+        f"source {str(tmp_path)!r}: 0 rows in 7 file(s) ({', '.join(map(str, files[:5]))} and 2 "
+        "more); expected at least one transition (were the files written before any data "
+        "arrived?)"
+    )
+    assert _refused(files[0]) == (
+        f"source {str(files[0])!r}: 0 rows in 1 file(s) ({files[0]}); expected at least one "
+        "transition (were the files written before any data arrived?)"
     )
 
 
@@ -313,7 +377,7 @@ def test_metadata_contradicting_the_files(tmp_path, fields, message):
 
 def test_row_count_is_only_checked_when_every_file_is_read(tmp_path):
     a = write(tmp_path / "a.parquet", episode_table())
-    write(tmp_path / "b.parquet", episode_table())
+    write(tmp_path / "b.parquet", episode_table(first_episode=2))
     _metadata(tmp_path, num_rows=12, files=["a.parquet", "b.parquet"])
     assert inspect_episodes(a).num_rows == 6
     assert inspect_episodes(tmp_path).num_rows == 12
@@ -348,7 +412,7 @@ def test_malformed_metadata(tmp_path, content, message):
 
 def test_fingerprint_follows_content(tmp_path):
     a = write(tmp_path / "a.parquet", episode_table(seed=1))
-    write(tmp_path / "b.parquet", episode_table(seed=2))
+    write(tmp_path / "b.parquet", episode_table(seed=2, first_episode=2))
     _metadata(tmp_path)
     original = inspect_episodes(tmp_path).fingerprint
     assert inspect_episodes(tmp_path).fingerprint == original

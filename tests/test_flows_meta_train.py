@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
@@ -23,13 +23,15 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
 )
 
-import flows.training
 from flows.cli import main
 from flows.meta_train import meta_train
 from flows.publishing import prefect_artifact_keys
+from flows.runs import read_run
+from learners.meta import MetaLearner
 from pipeline.artifacts import ArtifactStore, Manifest
 from pipeline.dataset import inspect_episodes
 from tests.flow_runs import tiny_config, tiny_document, tiny_point_robot, write_config
+from tests.published_pictures import PICTURES
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_session")
 
@@ -59,20 +61,27 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
     return FirstRun(data, work, stdout.getvalue(), store.get("tiny-robot:1"), store)
 
 
-@contextlib.contextmanager
-def _crash_once_after(iteration: int) -> Iterator[list[int]]:
-    calls: list[int] = []
+@dataclass
+class OneFailure:
+    """The meta-step that reaches iteration ``at`` fails once, as a lost device would."""
 
-    def hook(done: int) -> None:
-        calls.append(done)
-        if done == iteration and calls.count(done) == 1:
-            raise RuntimeError(f"injected crash after the checkpoint at iteration {done}")
+    at: int | None = None
+    failures: int = 0
 
-    flows.training._checkpoint_hook = hook
-    try:
-        yield calls
-    finally:
-        flows.training._checkpoint_hook = None
+
+@pytest.fixture
+def one_failure(monkeypatch: pytest.MonkeyPatch) -> OneFailure:
+    failure = OneFailure()
+    step = MetaLearner.step
+
+    def failing_step(self: MetaLearner, meta_batch: dict) -> dict:
+        if failure.at == self.weights_seq_no + 1 and failure.failures == 0:
+            failure.failures += 1
+            raise RuntimeError(f"injected failure of meta-step {failure.at}")
+        return step(self, meta_batch)
+
+    monkeypatch.setattr(MetaLearner, "step", failing_step)
+    return failure
 
 
 def test_offmeta_run_prints_the_evaluation_table_and_the_reference(first_run: FirstRun) -> None:
@@ -107,12 +116,16 @@ def test_the_published_version_records_its_lineage(first_run: FirstRun) -> None:
     assert lineage.code_version.removesuffix("+dirty") == head
     assert manifest.config == tiny_config(first_run.data, first_run.work).model_dump(mode="json")
     assert manifest.metrics["iterations"] == 12
-    assert {"history.json", "learning_curve.png"} <= set(manifest.files)
+    assert {
+        "history.json",
+        *(f"{picture}.{kind}" for picture in PICTURES for kind in ("png", "json")),
+    } <= set(manifest.files)
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(UUID(lineage.flow_run_id))
     assert flow_run.state.is_completed()
-    run_dir = first_run.work / "runs" / lineage.flow_run_id / "checkpoints"
-    assert lineage.extras["checkpoint"] == str(run_dir / "ckpt-00000012")
+    run_dir = first_run.work / "runs" / lineage.flow_run_id
+    assert lineage.extras["checkpoint"] == str(run_dir / "checkpoints" / "ckpt-00000012")
+    assert read_run(run_dir).finished["artifact"] == "tiny-robot:1"
 
 
 def test_prefect_shows_the_version_as_link_table_markdown_and_progress(
@@ -133,7 +146,15 @@ def test_prefect_shows_the_version_as_link_table_markdown_and_progress(
     assert first_run.manifest.spec in by_key[keys["link"]].data
     assert "file://" in by_key[keys["link"]].data
     assert "query loss, before adaptation" in by_key[keys["table"]].data
-    assert "# tiny-robot:1" in by_key[keys["markdown"]].data
+    markdown = by_key[keys["markdown"]].data
+    assert "# tiny-robot:1" in markdown
+    for picture in PICTURES:
+        assert f"- `{picture}.png` (" in markdown and f"data: `{picture}.json`)" in markdown
+    root = first_run.work / "artifacts"
+    assert (
+        f"They are files of `tiny-robot:1` in the artifact store `{root}`; write them out with "
+        f"`offmeta artifacts export tiny-robot:1 DIR --root {root}`."
+    ) in markdown
     assert by_key[keys["progress"]].data == 100.0
 
 
@@ -145,22 +166,23 @@ def test_refused_input_fails_the_run_before_anything_is_written(
     )
     config = write_config(tmp_path / "bad.yaml", document)
     assert main(["run", "--config", str(config)]) == 1
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        f"offmeta run: failed: DatasetError: train dataset {first_run.data / 'train'}: "
+    # Refused by the CLI's check before the flow (and Ray, Prefect) starts: one line.
+    assert capsys.readouterr().err == (
+        f"offmeta run: train dataset {first_run.data / 'train'}: "
         "observations have shape [2] (2 values) but learners.modules.default_policy.obs_dim "
-        "is 3; expected obs_dim: 2"
+        "is 3; expected obs_dim: 2\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
 
 
 def test_a_retried_training_task_resumes_from_its_checkpoint(
-    first_run: FirstRun, tmp_path: Path
+    first_run: FirstRun, tmp_path: Path, one_failure: OneFailure
 ) -> None:
     cfg = tiny_config(first_run.data, tmp_path)
-    with _crash_once_after(8) as calls:
-        summary = meta_train(cfg)
-    # Attempt 1 checkpointed at 4 and 8 and crashed; attempt 2 resumed at 8.
-    assert calls == [4, 8, 12]
+    one_failure.at = 10
+    summary = meta_train(cfg)
+    # Attempt 1 checkpointed at 4 and 8 and failed at step 10; attempt 2 resumed at 8.
+    assert one_failure.failures == 1
     assert summary.resumed_from == 8
     store = ArtifactStore(tmp_path / "artifacts")
     manifest = store.get(summary.artifact)
@@ -192,3 +214,10 @@ def test_warm_start_continues_from_latest_and_records_the_parent(first_run: Firs
     assert manifest.lineage.parent == "tiny-robot:1"
     assert manifest.lineage.weights_seq_no == 24
     assert [m.spec for m in first_run.store.lineage(summary.artifact)][-1] == "tiny-robot:1"
+    # The adaptation picture shows this version against the parent it started from.
+    adaptation = json.loads(first_run.store.read_file(summary.artifact, "adaptation.json"))
+    parent = json.loads(first_run.store.read_file("tiny-robot:1", "evaluation.json"))
+    assert [c["label"] for c in adaptation["curves"]] == ["this version", "parent tiny-robot:1"]
+    assert adaptation["curves"][0]["mean"] == list(summary.evaluation.query_loss.values())
+    assert adaptation["curves"][1]["mean"] == list(parent["query_loss"].values())
+    assert adaptation["curves"][1]["per_task"] == parent["query_loss_per_task"]

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from flows.consumer import LEARNER_JSON, LEARNER_TENSORS, load_learner
 from flows.evaluation import EvaluationReport
 from flows.meta_train import (
     _transient,
@@ -17,13 +18,11 @@ from flows.meta_train import (
     train_learner,
     validate_dataset,
 )
-from flows.publishing import LEARNER_JSON, LEARNER_TENSORS
-from learners.meta import MetaLearner
 from pipeline.artifacts import ArtifactStore
-from pipeline.checkpoints import parse_state
 from pipeline.schema import DatasetError
 from pipeline.synthetic import SinusoidTasks, generate
 from tests.flow_runs import tiny_config, tiny_point_robot
+from tests.published_pictures import check_published_pictures
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -39,20 +38,23 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
     assert datasets.summary()["train"]["tasks"] == 12
     assert datasets.summary()["heldout"]["tasks"] == 4
 
-    trained = train_learner.fn(cfg, datasets)
-    # Outside a flow run the run directory is <checkpoint_dir>/local.
+    trained = train_learner.fn(cfg, datasets, str(tmp_path / "runs" / "local"))
     checkpoints = tmp_path / "runs" / "local" / "checkpoints"
     assert trained.checkpoint == checkpoints / "ckpt-00000012"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000008", "ckpt-00000012"]
     assert trained.iterations == trained.weights_seq_no == 12
     assert trained.resumed_from is None and trained.parent is None
+    # history_points (100) exceeds the 12 iterations: a point after every one.
+    assert trained.history["iteration"] == list(range(1, 13))
     assert {name: len(values) for name, values in trained.history.items()} == {
-        "query_loss": 3,
-        "support_loss_before": 3,
-        "support_loss_after": 3,
-        "grad_norm": 3,
+        "iteration": 12,
+        "query_loss": 12,
+        "support_loss_before": 12,
+        "support_loss_after": 12,
+        "grad_norm": 12,
     }
     assert trained.final_metrics["query_loss"] == trained.history["query_loss"][-1]
+    assert "iteration" not in trained.final_metrics
 
     report = evaluate_learner.fn(cfg, trained, datasets)
     assert report.tasks == 4
@@ -68,7 +70,7 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
         2,
     )
 
-    ref = publish_result.fn(cfg, trained, report, datasets)
+    ref = publish_result.fn(cfg, trained, report, datasets, "local")
     store = ArtifactStore(cfg.artifacts.root)
     manifest = store.get(str(ref))
     assert str(ref) == "tiny-robot:1"
@@ -82,9 +84,10 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
     assert {"history.json", "learning_curve.png", LEARNER_TENSORS, LEARNER_JSON} <= set(
         manifest.files
     )
+    check_published_pictures(store, ref, trained, report)
     # The attached learner state rebuilds the learner, learned state and all.
-    state = parse_state(store.read_file(ref, LEARNER_TENSORS), store.read_file(ref, LEARNER_JSON))
-    rebuilt = MetaLearner.from_state(state)
+    rebuilt = load_learner(str(ref), root=cfg.artifacts.root)
+    assert rebuilt.get_state()["optimizer"]["state"]
     for name, tensor in store.load_params(ref)["default_policy"].items():
         assert torch.equal(rebuilt.meta_params["default_policy"][name], tensor)
 
@@ -104,15 +107,19 @@ def test_macaw_trains_evaluates_and_publishes_through_the_stages(
         ],
     )
     datasets = validate_dataset.fn(cfg)
-    trained = train_learner.fn(cfg, datasets)
+    trained = train_learner.fn(cfg, datasets, str(tmp_path / "runs" / "local"))
     assert trained.weights_seq_no == 12
     assert trained.tasks["modules"] == ["default_policy"]  # the value function reads its rows
     report = evaluate_learner.fn(cfg, trained, datasets)
     assert list(report.returns) == ["unadapted", "adapted", "expert", "behavior"]
-    ref = publish_result.fn(cfg, trained, report, datasets)
-    manifest = ArtifactStore(cfg.artifacts.root).get(str(ref))
+    # The rollouts picture runs the policy, not the value function (two modules trained).
+    assert report.trajectories is not None and report.trajectories["goals"]
+    ref = publish_result.fn(cfg, trained, report, datasets, "local")
+    store = ArtifactStore(cfg.artifacts.root)
+    manifest = store.get(str(ref))
     assert manifest.config["learners"]["algorithm"] == "macaw"
-    learner = MetaLearner.from_state(trained.learner_state)
+    check_published_pictures(store, ref, trained, report)
+    learner = load_learner(str(ref), root=cfg.artifacts.root)
     assert sorted(learner.meta_params) == ["default_policy", "value"]
 
 
@@ -167,6 +174,20 @@ def test_held_out_tasks_of_another_family_are_refused(data: Path, tmp_path: Path
     )
 
 
+def test_partial_episodes_pass_only_with_the_data_option(data: Path, tmp_path: Path) -> None:
+    [train] = sorted((data / "train").glob("*.parquet"))
+    rows = pq.read_table(train)
+    partial = tmp_path / "partial" / train.name
+    partial.parent.mkdir()
+    pq.write_table(rows.slice(6), partial)
+    cfg = tiny_config(data, tmp_path, [f"data.train={partial.parent}"])
+    with pytest.raises(DatasetError, match=r"eps_id 0 starts at t 6; expected every episode"):
+        validate_dataset.fn(cfg)
+    allowed = ["data.allow_partial_episodes=true", f"data.train={partial.parent}"]
+    datasets = validate_dataset.fn(tiny_config(data, tmp_path, allowed))
+    assert datasets.train.num_rows == rows.num_rows - 6
+
+
 @pytest.mark.parametrize(
     ("error", "retried"),
     [
@@ -208,6 +229,10 @@ def test_the_report_table_compares_with_before_adaptation() -> None:
             "return, adapted (5 steps)       -6.5    +8.5",
             "return, expert                  -4.5   +10.5",
         ]
+    )
+    assert report.summary() == (
+        "held-out evaluation on 50 tasks: query loss 0.004 before adaptation, 0.002 after 1 "
+        "step, 0.001 after 5 steps; return unadapted -15, adapted -6.5, expert -4.5"
     )
     assert report.metrics() == {
         "heldout_query_loss_0_steps": 0.004,

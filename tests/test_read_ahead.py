@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.epoch_sources import cut_tables
-from pipeline.read_ahead import file_windows, read_ahead
+from pipeline.read_ahead import read_ahead
 
 
 def _values(tables) -> list[int]:
@@ -23,14 +23,6 @@ def _dataset(start: int, stop: int, blocks: int = 3):
 
     pieces = np.array_split(np.arange(start, stop), blocks)
     return ray.data.from_arrow([pa.table({"x": piece}) for piece in pieces])
-
-
-def test_file_windows_cut_by_size_and_keep_order():
-    files = ["a", "b", "c", "d", "e"]
-    assert file_windows(files, [40, 40, 30, 100, 10], 100) == [["a", "b"], ["c"], ["d"], ["e"]]
-    assert file_windows(files, [1] * 5, 100) == [files]
-    assert file_windows(["big"], [500], 100) == [["big"]]
-    assert file_windows([], [], 100) == []
 
 
 def test_cut_tables_gives_exact_sizes_across_inputs_without_copying():

@@ -17,7 +17,7 @@ from pipeline.returns import (
     returns_columns,
     split_derived,
 )
-from pipeline.schema import DEFAULT_MODULE_ID
+from pipeline.schema import DEFAULT_MODULE_ID, DatasetError
 from pipeline.streams import split_for_learners
 from pipeline.tasks import task_samples
 
@@ -222,3 +222,29 @@ def test_bad_requests_are_refused():
             split_derived(None, gamma)
     assert split_derived(["obs", "returns"], 0.9) == (["obs"], ("returns",))
     assert split_derived(None, 0.9) == (None, ("returns", "returns_truncated"))
+
+
+def test_modules_sharing_an_episode_id_are_separate_episodes():
+    # Two agents of one recording: both have eps_id 0, their rows contiguous per module.
+    table = pa.table(
+        {
+            "module_id": pa.array(["a", "a", "b", "b"]),
+            "eps_id": pa.array([0, 0, 0, 0], pa.int64()),
+            "t": pa.array([0, 1, 0, 1], pa.int32()),
+            "rewards": pa.array([1.0, 2.0, 3.0, 4.0], pa.float32()),
+            "terminateds": pa.array([False, True, False, False]),
+        }
+    )
+    derived = returns_columns(table, GAMMA)
+    assert derived["returns"].tolist() == pytest.approx(
+        [1.0 + GAMMA * 2.0, 2.0, 3.0 + GAMMA * 4.0, 4.0], rel=1e-7
+    )
+    assert derived["returns_truncated"].tolist() == [False, False, True, True]
+    with pytest.raises(DatasetError) as error:
+        ReturnsIndex(table, GAMMA)
+    assert str(error.value) == (
+        "returns: eps_id 0 t 0 is on more than one row (modules sharing episode ids); row "
+        "streams look returns up by (eps_id, t), so expected each pair once: use "
+        "task_samples, which keeps modules apart, or give each module's episodes their own "
+        "eps_id"
+    )

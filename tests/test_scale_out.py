@@ -10,7 +10,9 @@ import torch
 from tolerances import largest, rounding_tolerance, trajectory_tolerance
 
 from flows.config import validate_config
-from flows.scale_out import ParametersDivergedError, scaling_config, worker_cpus
+from flows.retry_policy import is_permanent
+from flows.scale_out import ParametersDivergedError, driver, scaling_config, worker_cpus
+from flows.training import train
 from learners import MetaLearner, data_parallel
 from learners.data_parallel import pack_gradients, params_checksum, unpack_gradients
 
@@ -170,3 +172,46 @@ def test_a_run_the_cluster_cannot_place_is_refused(tmp_path):
         scaling_config(_config(tmp_path, device="mps"), {"CPU": 8.0})
     placed = scaling_config(_config(tmp_path), {"CPU": 2.0})
     assert (placed.num_workers, placed.use_gpu, placed.num_cpus_per_worker) == (2, False, 0.75)
+
+
+class _FailingTrainer:
+    """A ``TorchTrainer`` whose workers all failed with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def fit(self) -> None:
+        from ray.train.v2.api.exceptions import WorkerGroupError
+
+        raise WorkerGroupError("both workers failed", {0: self.error, 1: self.error})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "error", [ValueError("bad data"), NotImplementedError("no such rule"), ZeroDivisionError()]
+)
+def test_a_worker_error_that_a_retry_cannot_fix_fails_the_task_at_once(error):
+    with pytest.raises(type(error)) as caught:
+        driver._fit(_FailingTrainer(error))
+    assert caught.value is error  # the worker's own error: the flow does not retry it
+    assert is_permanent(error)
+
+
+@pytest.mark.timeout(60)
+def test_a_lost_worker_is_left_to_the_flow_to_retry():
+    from ray.train import TrainingFailedError
+
+    with pytest.raises(TrainingFailedError):
+        driver._fit(_FailingTrainer(RuntimeError("worker died")))
+    assert not is_permanent(RuntimeError("worker died"))
+
+
+@pytest.mark.timeout(30)
+def test_the_in_process_stage_leaves_ray_train_to_the_flow(tmp_path):
+    with pytest.raises(ValueError) as error:
+        train(_config(tmp_path), None, run_dir=tmp_path / "run")
+    assert str(error.value) == (
+        "flows.training.train trains in this process (learners.num_learners 0), got "
+        "learners.num_learners=2; use flows.scale_out.train_on_ray for Ray Train workers"
+    )
+    assert not (tmp_path / "run").exists()

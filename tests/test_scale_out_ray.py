@@ -8,12 +8,11 @@ import pytest
 import torch
 from tolerances import largest, rounding_tolerance, trajectory_tolerance
 
-import flows.scale_out.driver as driver
 from flows.config import validate_config
 from flows.datasets import Datasets
 from flows.evaluation import evaluate
 from flows.publishing import publish
-from flows.scale_out import train_on_ray
+from flows.scale_out import WorkerFault, train_on_ray
 from flows.training import train
 from pipeline.artifacts import ArtifactStore
 from pipeline.dataset import read_episodes
@@ -41,6 +40,7 @@ def _config(root, *, learners: int, run: str):
             "training": {
                 "iterations": ITERATIONS,
                 "log_every": 2,
+                "history_points": ITERATIONS // 2,
                 "checkpoint_every": 2,
                 "checkpoint_dir": str(root / run),
                 "retries": 2,
@@ -62,13 +62,13 @@ def datasets(tmp_path_factory, ray_session):
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_worker_restarts_and_the_run_matches_one_learner(datasets, monkeypatch):
+def test_a_killed_worker_restarts_and_the_run_matches_one_learner(datasets):
     root, data = datasets
     reference = train(_config(root, learners=0, run="one"), data.train, run_dir=root / "one")
 
     cfg = _config(root, learners=2, run="two")
-    monkeypatch.setattr(driver, "_fail_at", {"rank": 1, "iteration": 5})
-    result = train_on_ray(cfg, data.train, run_dir=root / "two")
+    fault = WorkerFault(rank=1, iteration=5)
+    result = train_on_ray(cfg, data.train, run_dir=root / "two", fault=fault)
 
     assert (result.restarts, result.num_learners, result.iterations) == (1, 2, ITERATIONS)
     assert result.resumed_from == 4  # the last checkpoint before the failure
@@ -88,6 +88,8 @@ def test_a_killed_worker_restarts_and_the_run_matches_one_learner(datasets, monk
         found = result.learner_state["params"]["default_policy"][name]
         torch.testing.assert_close(found, expected, rtol=0, atol=atol)
     assert result.history.keys() == reference.history.keys()
+    # Every worker reduces the metrics at the same history points, merged across workers.
+    assert result.history["iteration"] == reference.history["iteration"] == [2, 4, 6, 8]
     # A logged loss or gradient norm (a sum over the 1,761 parameters: under 2,000 more
     # operations) comes from parameters carrying the rounding of every earlier iteration.
     ops = (ITERATIONS + 2) * _OPS
@@ -95,7 +97,9 @@ def test_a_killed_worker_restarts_and_the_run_matches_one_learner(datasets, monk
         assert len(result.history[metric]) == ITERATIONS // 2
         history_atol = rounding_tolerance(torch.float32, magnitude=largest(curve), ops=ops)
         assert result.history[metric] == pytest.approx(curve, rel=0, abs=history_atol), metric
-    assert result.final_metrics == {name: c[-1] for name, c in result.history.items()}
+    assert result.final_metrics == {
+        name: c[-1] for name, c in result.history.items() if name != "iteration"
+    }
 
     report = evaluate(cfg, result.learner_state, data.heldout)
     ref = publish(cfg, result, report, data, flow_run_id=None, code_version=None)

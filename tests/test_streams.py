@@ -32,15 +32,17 @@ DROPPED = ROWS - PER_EPOCH * MINIBATCH
 
 @pytest.fixture(scope="module")
 def episodes(tmp_path_factory, ray_session):
+    """Two agents, ``m0`` and ``m1``, each with a row for every step of every episode."""
     directory = tmp_path_factory.mktemp("rows")
     for part, (start, stop) in enumerate([(0, 400), (400, ROWS)]):
         ids = np.arange(start, stop)
         table = episode_table(
             stop - start,
             action_dim=None,
-            episode_length=10,
             tasks=("only",),
             eps_id=pa.array(ids // 10, pa.int64()),
+            t=pa.array(ids % 10 // 2, pa.int32()),
+            terminateds=pa.array(ids % 10 >= 8),
             rewards=pa.array(ids.astype(np.float32)),
             module_id=pa.array(np.where(ids % 2 == 0, "m0", "m1")).dictionary_encode(),
         )
@@ -326,7 +328,8 @@ def test_columns_renamed_on_disk_arrive_under_canonical_names(tmp_path, ray_sess
 
 def test_a_file_removed_after_validation_is_refused_by_name(tmp_path, ray_session):
     for part in range(2):
-        write(tmp_path / f"part-{part}.parquet", episode_table(100, action_dim=None))
+        table = episode_table(100, action_dim=None, first_episode=34 * part)
+        write(tmp_path / f"part-{part}.parquet", table)
     episodes = read_episodes(tmp_path)
     (tmp_path / "part-1.parquet").unlink()
 
@@ -342,7 +345,8 @@ def test_a_file_removed_after_validation_is_refused_by_name(tmp_path, ray_sessio
 def test_a_file_broken_after_validation_fails_every_learner(tmp_path, ray_session):
     """A read that fails mid-epoch reaches the learners as an error, never a hang."""
     for part in range(3):
-        write(tmp_path / f"part-{part}.parquet", episode_table(100, action_dim=None))
+        table = episode_table(100, action_dim=None, first_episode=34 * part)
+        write(tmp_path / f"part-{part}.parquet", table)
     episodes = read_episodes(tmp_path)
     (tmp_path / "part-1.parquet").write_bytes(b"not parquet any more")
     streams = split_for_learners(episodes, 2, minibatch_size=10)

@@ -2,8 +2,13 @@
 
 Both take ``--config FILE`` and any number of ``--set KEY=VALUE`` overrides; the config is
 validated before Prefect, Ray or torch is imported, so a typo costs a second, not a Ray
-start-up. Without ``PREFECT_API_URL`` Prefect starts a temporary local server for the run;
-with it, runs are recorded on that server.
+start-up. ``run`` also checks both datasets against each other and the config
+(``flows.datasets.inspect_datasets``, the checks of ``offmeta data validate``) before it starts
+Ray or Prefect. Without ``PREFECT_API_URL`` Prefect starts a temporary local server for the
+run; with it, runs are recorded on that server.
+
+``offmeta run --resume [RUN_DIR]`` continues an unfinished run (``flows.runs``); the run
+directory is found and checked before anything starts.
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ import sys
 from typing import TYPE_CHECKING
 
 from flows.config import ConfigError, MetaTrainConfig, load_config
+from flows.runs import RunDirError, check_resumable, find_resumable, read_run
 from flows.runtime import set_quiet_environment
 
 if TYPE_CHECKING:
     from prefect.client.schemas.schedules import CronSchedule
+
+_NEWEST = "\0newest"
+"""``--resume`` without a value: not a path anybody can type."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,6 +50,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "on held-out tasks, publish a new artifact version. Prints the evaluation table and "
         "the published reference.",
     )
+    run.add_argument(
+        "--resume",
+        nargs="?",
+        const=_NEWEST,
+        metavar="RUN_DIR",
+        help="continue an unfinished run (killed, or failed) from its last checkpoint: the "
+        "newest one of this config under training.checkpoint_dir, or the run directory "
+        "RUN_DIR; it ends as the run would have ended uninterrupted",
+    )
     run.set_defaults(handler=_run)
 
     serve = subparsers.add_parser(
@@ -49,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="serve the meta_train flow as a deployment, on a cron schedule",
         description="Register a 'meta-train/NAME' deployment with the config as its "
         "parameters and run its scheduled (or manually triggered) runs in this process until "
-        "interrupted (Ctrl-C or SIGTERM). Needs a Prefect server (PREFECT_API_URL).",
+        "interrupted (Ctrl-C or SIGTERM). Needs a Prefect server (PREFECT_API_URL); --cron "
+        "without one is refused.",
     )
     serve.add_argument(
         "--cron",
@@ -66,14 +85,23 @@ def _run(args: argparse.Namespace) -> int:
     cfg = _load(args, "run")
     if cfg is None:
         return 2
+    try:
+        resume = _resume_dir(args.resume, cfg)
+    except RunDirError as error:
+        print(f"offmeta run: --resume: {error}", file=sys.stderr)
+        return 2
+    if not _data_fits(cfg):
+        return 1
     set_quiet_environment()
     from flows.meta_train import meta_train
 
     try:
-        summary = meta_train(cfg)
+        summary = meta_train(cfg, resume=resume)
     except Exception as error:  # the flow has logged the traceback; say it in one line
         print(f"offmeta run: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
+    if resume is not None:
+        print(f"resumed {summary.run_dir} at iteration {summary.resumed_from or 0}")
     print()
     print(summary.evaluation.format())
     print()
@@ -92,6 +120,17 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"offmeta serve: {error}", file=sys.stderr)
         return 2
+    if schedule is not None and not _prefect_api_url():
+        # Without a server Prefect serves from a temporary one, which runs no scheduler:
+        # the process would wait for a run that is never created.
+        print(
+            "offmeta serve: --cron needs a Prefect server, but PREFECT_API_URL is not set, so "
+            "Prefect would start a temporary server that runs no scheduler and the schedule "
+            "would never fire; start one (prefect server start) and set PREFECT_API_URL "
+            "(e.g. http://127.0.0.1:4200/api)",
+            file=sys.stderr,
+        )
+        return 1
     from prefect.deployments.runner import EntrypointType
 
     from flows.meta_train import meta_train
@@ -120,6 +159,30 @@ def _load(args: argparse.Namespace, command: str) -> MetaTrainConfig | None:
         return None
 
 
+def _resume_dir(resume: str | None, cfg: MetaTrainConfig) -> str | None:
+    """The run directory ``--resume`` names or finds (None without ``--resume``)."""
+    if resume is None:
+        return None
+    if resume == _NEWEST:
+        return str(find_resumable(cfg))
+    check_resumable(read_run(resume), cfg)
+    return resume
+
+
+def _data_fits(cfg: MetaTrainConfig) -> bool:
+    """Check the data before Ray and Prefect start (they take half a minute to start and bury
+    the cause under their tracebacks); False after saying why in one line."""
+    from flows.datasets import inspect_datasets
+    from pipeline.schema import DatasetError
+
+    try:
+        inspect_datasets(cfg)
+    except DatasetError as error:
+        print(f"offmeta run: {error}", file=sys.stderr)
+        return False
+    return True
+
+
 def _schedule(cron: str | None, timezone: str) -> CronSchedule | None:
     """The cron schedule (None without --cron); ValueError saying why an invalid one is."""
     if cron is None:
@@ -132,6 +195,13 @@ def _schedule(cron: str | None, timezone: str) -> CronSchedule | None:
     except ValidationError as error:
         reasons = "; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())
         raise ValueError(f"--cron {cron!r} --timezone {timezone!r}: {reasons}") from None
+
+
+def _prefect_api_url() -> str | None:
+    """The API URL Prefect would use (environment or profile); None: a temporary server."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -2,8 +2,9 @@
 
 ``train_on_ray`` reads top to bottom: task samples (read once, here, then shared through
 Ray's object store) -> the initial learner state (warm start included, so every worker
-starts identical) -> how many CPUs a worker may hold -> ``TorchTrainer.fit`` -> the same
-``TrainResult`` the in-process stage returns, with the restart count.
+starts identical) -> how many CPUs a worker may hold -> ``TorchTrainer.fit`` -> the
+``TrainResult`` of the final checkpoint (``flows.train_state``, as in process), with the
+restart count.
 
 Fault tolerance is Ray Train's: a worker that dies takes its worker group down, and Ray
 Train starts a new one (up to ``ray.max_failures`` times) that resumes from the last
@@ -23,10 +24,11 @@ from typing import Any
 import torch
 
 from flows.config import MetaTrainConfig
-from flows.scale_out.worker import read_state, train_loop_per_worker
-from flows.training import TrainResult, build_task_samples, warm_start
+from flows.retry_policy import is_permanent
+from flows.scale_out.worker import WorkerFault, train_loop_per_worker
+from flows.train_state import TrainResult, train_result
+from flows.training import build_task_samples, warm_start
 from learners.meta import MetaLearner
-from pipeline.checkpoints import CheckpointError
 from pipeline.dataset import Episodes
 
 _log = logging.getLogger(__name__)
@@ -34,12 +36,6 @@ _log = logging.getLogger(__name__)
 RUN_NAME = "train"
 """Ray Train run name; the run directory is ``<run_dir>/ray/<RUN_NAME>``."""
 _CPU_QUANTUM = 1e-4  # Ray rounds fractional resources to 4 decimals.
-_PERMANENT = (ValueError, TypeError, ArithmeticError)
-
-# Test seam: ``{"rank": r, "iteration": i}`` makes worker r kill its own process (SIGKILL)
-# before meta-step i of the first attempt, to play a lost machine. Tests set it with
-# monkeypatch; nothing else reads it.
-_fail_at: dict[str, int] | None = None
 
 
 def worker_cpus(num_learners: int, cluster_cpus: float, reserved_read_cpus: float) -> float:
@@ -84,6 +80,7 @@ def train_on_ray(
     *,
     run_dir: str | Path,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
+    fault: WorkerFault | None = None,
 ) -> TrainResult:
     """Meta-train on ``data`` with ``cfg.learners.num_learners`` Ray Train workers.
 
@@ -91,6 +88,7 @@ def train_on_ray(
     task samples (``split_for_learners(..., ranks=[rank])``), so one meta-step sees
     ``num_learners * meta_batch`` tasks and the averaged meta-gradient equals one
     learner's over all of them. Needs a running Ray session (``flows.runtime.ray_session``).
+    ``fault`` is a drill: that worker kills itself once, and the run must recover.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
@@ -113,7 +111,7 @@ def train_on_ray(
             "parent": parent,
             "use_gpu": scaling.use_gpu,
             "cpus_per_worker": scaling.num_cpus_per_worker,
-            "fail_at": _fail_at,
+            "fault": fault._asdict() if fault is not None else None,
         },
         scaling_config=scaling,
         run_config=RunConfig(
@@ -139,23 +137,11 @@ def train_on_ray(
             attempts["restarts"],
             attempts["resumed_from"],
         )
-    with result.checkpoint.as_directory() as directory:
-        final = read_state(Path(directory))
-    if final["iteration"] != training.iterations:
-        raise CheckpointError(
-            f"the last checkpoint of the run, {result.checkpoint.path}, is from iteration "
-            f"{final['iteration']}; expected the final iteration {training.iterations}"
-        )
-    history = final["history"]
-    return TrainResult(
-        learner_state=final["learner"],
-        history=history,
+    # The storage is a local (or shared) filesystem path: the checkpoint is read in place.
+    return train_result(
+        Path(result.checkpoint.path),
         iterations=training.iterations,
-        weights_seq_no=final["learner"]["weights_seq_no"],
-        final_metrics={name: values[-1] for name, values in history.items()},
-        parent=final["parent"],
         resumed_from=attempts["resumed_from"],
-        checkpoint=Path(result.checkpoint.path),
         tasks=samples.summary(),
         restarts=attempts["restarts"],
         num_learners=learners,
@@ -171,7 +157,7 @@ def _fit(trainer: Any) -> Any:
         return trainer.fit()
     except TrainingFailedError as error:
         failures = list(getattr(error, "worker_failures", {}).values())
-        if failures and all(isinstance(failure, _PERMANENT) for failure in failures):
+        if failures and all(is_permanent(failure) for failure in failures):
             raise failures[0] from error
         raise
 

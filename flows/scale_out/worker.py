@@ -5,10 +5,8 @@
 the learner (the driver's initial state, or the last checkpoint) -> ``run_meta_training``
 with callbacks that check the workers agree and report checkpoints to Ray Train.
 
-A checkpoint is one directory that every worker writes into (Ray Train merges them):
-``worker-<rank>.safetensors`` + ``worker-<rank>.json`` per worker, in the no-pickle format
-of ``pipeline.checkpoints``. Rank 0's holds the learner state, the learning curve and the
-warm-start parent; every worker's holds its stream position and its own metrics.
+A checkpoint is one directory that every worker writes its shard into (Ray Train merges
+them): the layout and contents of ``flows.train_state``, the same as an in-process run's.
 """
 
 from __future__ import annotations
@@ -20,12 +18,13 @@ import signal
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from flows.config import MetaTrainConfig
 from flows.progress import TrainingProgress
+from flows.train_state import learner_shard, restore
 from learners.data_parallel import (
     CrossWorkerMetrics,
     DataParallelMetaLearner,
@@ -34,13 +33,21 @@ from learners.data_parallel import (
 )
 from learners.meta_batch import MetaBatch
 from learners.training import History, run_meta_training
-from pipeline.checkpoints import CheckpointError, dump_state, parse_state
+from pipeline.checkpoints import write_shard
 from pipeline.streams import LearnerStream, split_for_learners
 
 ATTEMPTS_DIR = "offmeta-attempts"
 """Under the Ray Train run directory: one empty file per attempt of the worker group."""
 
 _log = logging.getLogger("offmeta.scale_out")
+
+
+class WorkerFault(NamedTuple):
+    """A fault drill: the worker of ``rank`` kills its own process (SIGKILL, no chance to
+    clean up) before meta-step ``iteration`` of the first attempt, as a lost machine would."""
+
+    rank: int
+    iteration: int
 
 
 def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -50,8 +57,7 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     ``config`` (built by ``flows.scale_out.driver``): ``cfg`` (the run config as JSON),
     ``samples`` (an ObjectRef of the ``TaskSamples``), ``initial_state`` (the learner
     state every worker starts from), ``parent``, ``use_gpu``, ``cpus_per_worker`` and
-    ``fail_at`` (tests only: ``{"rank", "iteration"}`` whose worker kills itself on the
-    first attempt).
+    ``fault`` (a ``WorkerFault`` drill, or None).
     """
     import ray
     import ray.train
@@ -83,8 +89,10 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            shared = _restore(Path(directory), rank, world, learner, stream)
-        start, history, parent = shared["iteration"], shared["history"], shared["parent"]
+            resumed = restore(
+                Path(directory), rank=rank, world=world, learner=learner, stream=stream
+            )
+        start, history, parent = resumed.iteration, resumed.history, resumed.parent
         resumed_from = start
     check_in_sync(learner, start)
 
@@ -101,15 +109,10 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
             progress(iteration, metrics)
 
     def on_checkpoint(iteration: int, history: History) -> None:
-        state: dict[str, Any] = {
-            "iteration": iteration,
-            "stream": stream.state(),
-            "metrics": learner.metrics.get_state(),
-        }
-        if rank == 0:
-            state.update(learner=learner.get_state(), history=history, parent=parent)
+        shard = learner_shard(iteration, learner, stream, rank=rank, history=history, parent=parent)
         with tempfile.TemporaryDirectory(prefix="offmeta-ckpt-") as directory:
-            _write_state(Path(directory), rank, state)
+            # Ray Train copies the directory into its storage and registers it afterwards.
+            write_shard(directory, rank, shard, durable=False)
             ray.train.report(
                 {"iteration": iteration},
                 checkpoint=ray.train.Checkpoint.from_directory(directory),
@@ -117,9 +120,8 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
 
     progress.begin()
     try:
-        batches = _meta_batches(
-            stream, start, training.iterations, config["fail_at"], rank, attempt
-        )
+        fault = WorkerFault(**config["fault"]) if config["fault"] is not None else None
+        batches = _meta_batches(stream, start, training.iterations, fault, rank, attempt)
         history = run_meta_training(
             learner,
             batches,
@@ -127,6 +129,7 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
             stop=training.iterations,
             log_every=training.log_every,
             checkpoint_every=training.checkpoint_every,
+            history_every=training.history_every,
             history=history,
             on_log=on_log,
             on_checkpoint=on_checkpoint,
@@ -143,25 +146,19 @@ def _meta_batches(
     stream: LearnerStream,
     start: int,
     stop: int,
-    fail_at: Mapping[str, int] | None,
+    fault: WorkerFault | None,
     rank: int,
     attempt: int,
 ) -> Iterator[MetaBatch]:
     """Meta-batches ``start + 1 .. stop`` of this worker's stream.
 
-    With ``fail_at`` (tests only) the worker of that rank kills its own process, without
-    any chance to clean up, before that iteration of the first attempt: a lost machine.
-    It first waits until Ray Train has registered the checkpoints reported so far, so the
-    test knows which one the run resumes from (a real failure may come before the newest
-    is registered; the run then resumes from the one before).
+    With a ``fault`` for this rank, the worker kills its own process before that iteration
+    of the first attempt. It first waits until Ray Train has registered the checkpoints
+    reported so far, so the drill knows which one the run resumes from (a real failure may
+    come before the newest is registered; the run then resumes from the one before).
     """
     for iteration, meta_batch in enumerate(stream.take(stop - start), start + 1):
-        if (
-            fail_at is not None
-            and attempt == 0
-            and rank == fail_at["rank"]
-            and iteration == fail_at["iteration"]
-        ):
+        if fault == (rank, iteration) and attempt == 0:
             _die_after_checkpoints_registered()
         yield meta_batch
 
@@ -190,48 +187,3 @@ def _record_attempt(storage: Any) -> int:
     with filesystem.open_output_stream(f"{root}/attempt-{earlier:04d}"):
         pass
     return earlier
-
-
-def _write_state(directory: Path, rank: int, state: Mapping[str, Any]) -> None:
-    tensor_bytes, json_bytes = dump_state(state)
-    (directory / f"worker-{rank}.safetensors").write_bytes(tensor_bytes)
-    (directory / f"worker-{rank}.json").write_bytes(json_bytes)
-
-
-def read_state(directory: Path, rank: int = 0) -> dict[str, Any]:
-    """What worker ``rank`` saved in the checkpoint ``directory`` (tensors on CPU)."""
-    try:
-        tensor_bytes = (directory / f"worker-{rank}.safetensors").read_bytes()
-        json_bytes = (directory / f"worker-{rank}.json").read_bytes()
-    except OSError as error:
-        raise CheckpointError(
-            f"checkpoint {directory}: cannot read {error.filename}: {error.strerror}"
-        ) from None
-    return parse_state(tensor_bytes, json_bytes, where=f"{directory}/worker-{rank}")
-
-
-def _restore(
-    directory: Path,
-    rank: int,
-    world: int,
-    learner: DataParallelMetaLearner,
-    stream: LearnerStream,
-) -> dict[str, Any]:
-    """Load the checkpoint into ``learner`` and ``stream``; returns rank 0's state."""
-    writers = len(list(directory.glob("worker-*.json")))
-    if writers != world:
-        raise CheckpointError(
-            f"checkpoint {directory} was written by {writers} workers but this run has "
-            f"{world}; set learners.num_learners to {writers} to resume it, or start a new run"
-        )
-    shared = read_state(directory, 0)
-    own = shared if rank == 0 else read_state(directory, rank)
-    if own["iteration"] != shared["iteration"]:
-        raise CheckpointError(
-            f"checkpoint {directory}: worker {rank} saved iteration {own['iteration']} but "
-            f"worker 0 saved iteration {shared['iteration']}; expected one iteration"
-        )
-    learner.set_state(shared["learner"])
-    learner.metrics.set_state(own["metrics"])
-    stream.restore(own["stream"])
-    return shared

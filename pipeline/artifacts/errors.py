@@ -11,6 +11,10 @@ class ArtifactNameError(ArtifactError, ValueError):
     """A name, alias, file name or reference string that cannot be used."""
 
 
+class UnsupportedRootError(ArtifactError, ValueError):
+    """A store root the store cannot use (an unknown URI scheme, a remote host, a bad bucket)."""
+
+
 class ArtifactNotFoundError(ArtifactError, LookupError):
     """The requested artifact, version, alias or file does not exist."""
 
@@ -33,3 +37,7 @@ class AliasConflictError(ArtifactError):
 
 class LockTimeoutError(ArtifactError, TimeoutError):
     """Another process held an artifact's lock for longer than the store waits."""
+
+
+class StorageError(ArtifactError):
+    """The storage behind the store failed a request; the message names the object's URI."""

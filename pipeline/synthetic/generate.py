@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space, write_metadata
+from pipeline.synthetic.point_robot_episodes import BEHAVIOR_COLUMN
 
 ROW_GROUP_SIZE = 65_536
 ROWS_PER_FILE = 1_048_576
@@ -34,7 +35,7 @@ _COLUMN_ORDER = (
     "terminateds",
     "truncateds",
     "new_obs",
-    "behavior",
+    BEHAVIOR_COLUMN,
 )
 
 

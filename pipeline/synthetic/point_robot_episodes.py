@@ -31,6 +31,10 @@ from pipeline.synthetic.point_robot import (
     sample_goals,
 )
 
+BEHAVIOR_COLUMN = "behavior"
+"""The column of ``mixed`` data that names each episode's behaviour policy (a label);
+evaluation reads it to draw the recorded episodes (``flows.trajectories``)."""
+
 
 @dataclass(frozen=True)
 class PointRobotTasks:
@@ -145,7 +149,7 @@ class PointRobotTasks:
         ]
         obs_rows, actions_rows, rewards_rows, term_rows, trunc_rows, new_obs_rows = columns
         n_episodes, first_episode = len(goals), first_task * self.episodes_per_task
-        extra = {} if behaviors is None else {"behavior": np.repeat(behaviors, EPISODE_STEPS)}
+        extra = {} if behaviors is None else {BEHAVIOR_COLUMN: np.repeat(behaviors, EPISODE_STEPS)}
         return {
             "eps_id": np.repeat(
                 np.arange(first_episode, first_episode + n_episodes), EPISODE_STEPS

@@ -1,0 +1,22 @@
+"""Which failures a retry can fix: one policy for the flow's task retries and for the errors
+Ray Train workers raise.
+
+Bad input (``ValueError``, ``TypeError``: the dataset, the config), a feature the chosen
+setup lacks (``NotImplementedError``) and non-finite arithmetic (``ArithmeticError``) fail
+the same way every time, so they fail at once. Anything else (a lost worker, a full disk, a
+flaky filesystem) may pass on a second attempt.
+"""
+
+from __future__ import annotations
+
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    TypeError,
+    NotImplementedError,
+    ArithmeticError,
+)
+
+
+def is_permanent(error: BaseException | None) -> bool:
+    """True when retrying after ``error`` would fail the same way."""
+    return isinstance(error, PERMANENT_ERRORS)
