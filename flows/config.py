@@ -46,6 +46,13 @@ class DataConfig(BaseModel):
         description="Canonical column -> column name on disk, for both datasets "
         "(e.g. {obs: observation}).",
     )
+    gamma: float = Field(
+        0.99,
+        ge=0,
+        le=1,
+        description="Discount of the per-episode return-to-go derived at ingest (columns "
+        "returns and returns_truncated of every task sample; see pipeline.returns).",
+    )
     allow_partial_episodes: bool = Field(
         False,
         description="Accept episodes that do not start at t 0, miss steps or carry an end "

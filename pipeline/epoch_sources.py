@@ -40,6 +40,7 @@ from pipeline.batching import Batch, collate_minibatches, default_columns, modul
 from pipeline.dataset import to_canonical
 from pipeline.parquet_files import file_sizes, group_files
 from pipeline.read_ahead import EpochReads
+from pipeline.returns import returns_index, split_derived
 from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, EpisodeSchema
 
 # The driver maps every block it reads, so its memory follows the blocks in flight: small
@@ -174,9 +175,11 @@ def row_source(
     modules_to_update: Collection[str] | None,
     materialize: bool,
     pin_memory: bool,
+    gamma: float | None = None,
 ) -> RowSource:
     """A row source over ``Episodes``, or over a Ray ``DataIterator`` that is already one
-    learner's shard (Ray Train's ``get_dataset_shard``)."""
+    learner's shard (Ray Train's ``get_dataset_shard``). With ``gamma``, rows also carry
+    the columns derived at ingest (``pipeline.returns``), looked up by ``(eps_id, t)``."""
     import ray.data
     from ray.data.dataset import MaterializedDataset
     from ray.data.expressions import col
@@ -188,7 +191,13 @@ def row_source(
         "seed": seed,
         "pin_memory": pin_memory,
     }
+    columns, derived = split_derived(columns, gamma)
     if isinstance(source, ray.data.DataIterator):
+        if derived:
+            raise ValueError(
+                f"columns {list(derived)} are derived from whole episodes, which one "
+                "learner's shard does not hold; stream the Episodes (or use task_samples)"
+            )
         if learners != 1 or materialize:
             raise ValueError(
                 "a DataIterator is already one learner's shard, read as it comes: expected "
@@ -205,6 +214,7 @@ def row_source(
     chosen = resolve_columns(schema, columns)
     modules = check_modules(modules_to_update, tuple(source.module_ids))
     needed = [*chosen, *(["module_id"] if schema.has_module_id else [])]
+    needed = list(dict.fromkeys([*needed, *(["eps_id", "t"] if derived else [])]))
 
     def selected(dataset: ray.data.Dataset) -> ray.data.Dataset:
         dataset = dataset.select_columns(needed)
@@ -244,9 +254,16 @@ def row_source(
 
     # One read across epochs: the next epoch's first window reads while this one ends.
     reads = EpochReads(windows)
+
+    def tables(epoch: int) -> Iterator[pa.Table]:
+        return cut_tables(reads.tables(epoch), superbatch_rows)
+
+    if derived:
+        assert gamma is not None  # split_derived refuses derived columns without it
+        tables = returns_index(source, gamma).wrap(tables, derived)
     return RowSource(
-        lambda epoch: cut_tables(reads.tables(epoch), superbatch_rows),
-        columns=chosen,
+        tables,
+        columns=(*chosen, *derived),
         modules_to_update=modules,
         exact=True,
         close=reads.close,
