@@ -166,7 +166,7 @@ def test_the_cli_works_on_an_s3_root(s3_root, tmp_path, capsys):
     assert offmeta(["artifacts", "verify", "model:1", "model@latest", "--root", s3_root]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "OK      model:1  (3 files verified)",
-        "OK      model:2  (5 files verified)",
+        "OK      model:2  (6 files verified)",
     ]
     assert offmeta(["artifacts", "alias", "model", "prod", "1", "--root", s3_root]) == 0
     assert capsys.readouterr().out == "model@prod: (new) -> 1\n"
