@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from learners.config import MetaConfig
 from pipeline.artifacts.errors import ArtifactNameError, UnsupportedRootError
 from pipeline.artifacts.names import validate_name
-from pipeline.artifacts.roots import local_root
+from pipeline.artifacts.roots import parse_root
 
 _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
@@ -45,6 +45,13 @@ class DataConfig(BaseModel):
         default_factory=dict,
         description="Canonical column -> column name on disk, for both datasets "
         "(e.g. {obs: observation}).",
+    )
+    gamma: float = Field(
+        0.99,
+        ge=0,
+        le=1,
+        description="Discount of the per-episode return-to-go derived at ingest (columns "
+        "returns and returns_truncated of every task sample; see pipeline.returns).",
     )
     allow_partial_episodes: bool = Field(
         False,
@@ -209,18 +216,16 @@ class ArtifactsConfig(BaseModel):
 
     root: str = Field(
         "artifacts",
-        description="Artifact store directory: a path (relative to the working directory of "
-        "the run) or a file:// URI; other schemes (s3://...) are refused.",
+        description="Artifact store: a directory, a file:// URI or s3://bucket/prefix (S3 "
+        "endpoint and credentials from the standard AWS_* environment variables).",
     )
     name: str = Field(description="Artifact name; each run publishes its next version.")
 
     @field_validator("root")
     @classmethod
-    def _local_root(cls, root: str) -> str:
-        # Kept as written (a relative root stays relative to the run's working directory);
-        # only checked here, so that a root the store would refuse fails at config load.
+    def _valid_root(cls, root: str) -> str:
         try:
-            local_root(root)
+            parse_root(root)
         except UnsupportedRootError as error:
             raise ValueError(str(error)) from None
         return root

@@ -6,8 +6,9 @@ Two measures, both on tasks the learner never trained on:
   (``MetaLearner.evaluate_tasks``, the same inner rule as training), kept per task;
 - for datasets whose generator has an environment (point_robot), the mean return of
   rollouts with each task's goal: the unadapted meta-policy, the policy adapted on that
-  task's support transitions, and the noise-free expert that generated the data; also
-  the few episodes ``rollouts.png`` draws (``flows.trajectories``).
+  task's support transitions, and the noise-free expert; beside them the mean episode return
+  of the held-out data itself (the behaviour policy), to tell improvement from imitation;
+  also the few episodes ``rollouts.png`` draws (``flows.trajectories``).
 
 Each held-out task contributes exactly one sample of K support + Q query transitions,
 drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.
@@ -48,7 +49,8 @@ class EvaluationReport:
     query_loss: dict[int, float]
     """Inner steps -> mean query loss over the tasks (0: before adaptation)."""
     returns: dict[str, float] | None = None
-    """Mean episode return of the ``unadapted``, ``adapted`` and ``expert`` policies."""
+    """Mean episode return of the ``unadapted``, ``adapted`` and ``expert`` policies, and of
+    the held-out data's episodes (``behavior``)."""
     environment: str | None = None
     rollout_episodes: int = 0
     """Episodes per task in each policy's mean."""
@@ -83,7 +85,10 @@ class EvaluationReport:
             for policy, value in self.returns.items():
                 label = policy
                 if policy == "adapted":
-                    label += f" ({self.rollout_adapt_steps} steps)"
+                    steps = self.rollout_adapt_steps
+                    label += f" ({steps} step{'s' * (steps != 1)})"
+                elif policy == "behavior":
+                    label = "behavior data"
                 change = "" if policy == "unadapted" else f"{value - base:+.3g}"
                 rows.append(
                     {"measure": f"return, {label}", "value": f"{value:.4g}", "change": change}
@@ -148,8 +153,9 @@ def evaluate(
         heldout,
         support=cfg.tasks.support,
         query=cfg.tasks.query,
-        modules_to_update=learner.config.trained_modules,
+        modules_to_update=learner.config.data_modules,
         skip_small_tasks=cfg.tasks.skip_small_tasks,
+        gamma=cfg.data.gamma,
     )
     if len(samples.module_ids) != 1:
         raise ValueError(
@@ -172,6 +178,7 @@ def evaluate(
                 "each task's parameters (or set evaluation.rollout_episodes to 0)"
             )
         returns = rollouts(learner, meta_batch, [described[t] for t in task_ids], settings)
+        returns["behavior"] = _behavior_return(samples.arrays["rewards"], heldout.num_episodes)
         trajectories = TRAJECTORIES[environment](
             learner, meta_batch, task_ids, [described[t] for t in task_ids], settings, heldout
         )
@@ -205,7 +212,7 @@ def _point_robot_returns(
     settings: EvaluationConfig,
 ) -> dict[str, float]:
     """Mean return per episode of each policy, ``rollout_episodes`` episodes per task."""
-    (module,) = learner.config.trained_modules
+    (module,) = learner.config.data_modules  # the policy: the module that reads its own rows
     model = build_model(learner.config.modules[module]).to(learner.device)
     support = meta_batch["support"]
     adapted = [
@@ -251,6 +258,13 @@ def _point_robot_returns(
 
 
 _ENVIRONMENTS: dict[str, Rollouts] = {"point_robot": _point_robot_returns}
+
+
+def _behavior_return(rewards: np.ndarray, episodes: int) -> float:
+    """Mean undiscounted episode return of the data: every reward counted once."""
+    return float(np.asarray(rewards, dtype=np.float64).sum() / episodes)
+
+
 """Generator name (``dataset.json`` ``generator.name``) -> its evaluation rollouts."""
 
 

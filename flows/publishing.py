@@ -1,7 +1,9 @@
 """Stage 4 of a run: publish the result as the next version of ``artifacts.name``, and show it
 in Prefect (link, table and markdown artifacts pointing at that version).
 
-The artifact store is the registry; the Prefect artifacts are only a view of it.
+The artifact store is the registry (a directory or ``s3://bucket/prefix``); the Prefect
+artifacts are only a view of it: the link goes to the version's manifest (``file://`` or
+``s3://``) and says how a consumer loads it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from flows.datasets import Datasets
 from flows.evaluation import EvaluationReport
 from flows.pictures import picture_files
 from flows.train_state import TrainResult
-from pipeline.artifacts import ArtifactNotFoundError, ArtifactRef, ArtifactStore, Lineage
+from pipeline.artifacts import (
+    ArtifactNotFoundError,
+    ArtifactRef,
+    ArtifactStore,
+    Lineage,
+    parse_root,
+)
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -102,6 +110,16 @@ def prefect_artifact_keys(name: str) -> dict[str, str]:
     }
 
 
+def consumer_snippet(ref: ArtifactRef, store_root: str) -> str:
+    """One line of Python that loads the version's parameters, on any machine that can reach
+    the store (``pip install offmeta`` is enough: no Ray, no Prefect)."""
+    root = str(parse_root(store_root))
+    return (
+        f"from pipeline.artifacts import ArtifactStore; "
+        f"params = ArtifactStore({root!r}).load_params({str(ref)!r})"
+    )
+
+
 def show_in_prefect(
     ref: ArtifactRef, store_root: str, trained: TrainResult, report: EvaluationReport
 ) -> None:
@@ -115,9 +133,10 @@ def show_in_prefect(
     keys = prefect_artifact_keys(ref.name)
     create_link_artifact(
         link=ref.uri,
-        link_text=f"{ref} manifest",
+        link_text=f"{ref} manifest ({ref.uri})",
         key=keys["link"],
-        description=f"Published version {ref} in the artifact store {store_root}",
+        description=f"Published version {ref} in the artifact store {parse_root(store_root)}; "
+        f"load it with `{consumer_snippet(ref, store_root)}`",
     )
     create_table_artifact(
         table=report.table(),
@@ -147,7 +166,10 @@ def _markdown(
         [
             f"# {ref}",
             "",
-            f"Published to `{store_root}` ([manifest]({ref.uri})); params digest `{ref.digest}`.",
+            f"Published to `{parse_root(store_root)}` ([manifest]({ref.uri})); params digest "
+            f"`{ref.digest}`.",
+            "",
+            f"Load it anywhere the store is reachable: `{consumer_snippet(ref, store_root)}`",
             "",
             f"- parent: `{trained.parent or 'none'}`",
             f"- iterations: {trained.iterations} ({resumed}); weights_seq_no "

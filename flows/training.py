@@ -124,8 +124,9 @@ def build_task_samples(
         data,
         support=tasks.support,
         query=tasks.query,
-        modules_to_update=cfg.learners.trained_modules,
+        modules_to_update=cfg.learners.data_modules,
         skip_small_tasks=tasks.skip_small_tasks,
+        gamma=cfg.data.gamma,
         mode=tasks.mode,
         memory_budget_mb=tasks.memory_budget_mb,
     )

@@ -29,11 +29,10 @@ from learners.models import build_models
 from pipeline.batching import column_array
 from pipeline.dataset import Episodes
 from pipeline.synthetic.point_robot import expert_actions, rollout_paths
+from pipeline.synthetic.point_robot_episodes import BEHAVIOR_COLUMN
 
 GOALS_SHOWN = 4
 """Held-out goals in ``rollouts.png`` (all of them when fewer were evaluated)."""
-BEHAVIOR_COLUMN = "behavior"
-"""The column that marks offline-RL data: each episode's behaviour policy (a label)."""
 BEHAVIOR_EPISODES = 8
 """Recorded episodes drawn per goal at most (the first by episode id)."""
 
@@ -50,7 +49,9 @@ def point_robot_trajectories(
     ``dataset.json`` parameters are ``tasks``."""
     chosen = _spread_goals([t["goal"] for t in tasks])
     goals = np.array([tasks[i]["goal"] for i in chosen], dtype=np.float64)
-    (module,) = learner.config.trained_modules
+    # The policy: the module that reads its own rows (MACAW's value module reads the
+    # policy's and has no actions to roll out).
+    (module,) = learner.config.data_modules
     spec = learner.config.modules[module]
     model = build_models({module: spec}, seed=0)[module].to(learner.device)
     meta = {name: p.detach() for name, p in learner.meta_params[module].items()}

@@ -1,10 +1,11 @@
-"""The meta (outer) learner: MAML, first-order MAML and Meta-SGD over task meta-batches.
+"""The meta (outer) learner: MAML, first-order MAML, Meta-SGD and MACAW over task meta-batches.
 
 One meta-step: for every task, adapt the meta-parameters on its support set with the inner
-rule (`DifferentiableLearner.update`), take the loss of the adapted parameters on its query
-set, average over tasks, back-propagate into the meta-parameters (and learned learning
-rates) and step the outer torch optimizer. Tasks run under `torch.func.vmap` by default; the
-per-task loop computes the same gradient and serves as fallback and reference.
+rule (`learners.inner_rule`: one or more phases of `DifferentiableLearner.update`), take the
+outer loss of the adapted parameters on its query set, average over tasks, back-propagate
+into the meta-parameters (and learned learning rates) and step the outer torch optimizer.
+Tasks run under `torch.func.vmap` by default; the per-task loop computes the same gradient
+and serves as fallback and reference.
 """
 
 from __future__ import annotations
@@ -17,13 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from learners.config import MetaConfig
-from learners.differentiable import (
-    DifferentiableLearner,
-    NonFiniteGradientError,
-    raise_on_nonfinite,
-)
+from learners.differentiable import NonFiniteGradientError, raise_on_nonfinite
 from learners.inner_optim import init_log_lrs, lrs_from_log
-from learners.losses import resolve_loss
+from learners.inner_rule import build_inner_rule
 from learners.meta_batch import MetaBatch, check_meta_batch, task_slice
 from learners.metrics import MetricsLogger
 from learners.models import build_models
@@ -95,10 +92,7 @@ class MetaLearner:
             for p in named.values():
                 p.requires_grad_(module_id in self._trained)
         self._buffers = to_device(buffers_from_modules(self._models), self.device, dtype)
-        losses = {m: resolve_loss(cfg.modules[m].loss) for m in self._trained}
-        self.inner = DifferentiableLearner(
-            self._models, cfg.inner, losses, buffers=self._buffers, modules_to_update=self._trained
-        )
+        self._rule = build_inner_rule(cfg, self._models, self._buffers)
         self._log_lrs = init_log_lrs(
             self._params, cfg.inner.learned_lr, cfg.inner.lr, self._trained
         )
@@ -106,7 +100,7 @@ class MetaLearner:
             log_lr.requires_grad_(True)
         self._leaves = [p for m in self._trained for p in self._params[m].values()]
         self._leaves += list(self._log_lrs.values())
-        self._optimizer = _outer_optimizer(cfg, self._leaves)
+        self._optimizer = _outer_optimizer(cfg, self._params, self._log_lrs)
         self.metrics = metrics if metrics is not None else MetricsLogger()
         self.weights_seq_no = 0
         self._vmapped_task = torch.func.vmap(
@@ -146,7 +140,8 @@ class MetaLearner:
         Workers of a data-parallel run each call this on their shard, average the gradients
         (`MetaGradients.tensors()`), and call `apply_meta_gradients`.
         """
-        support, query, num_tasks = check_meta_batch(meta_batch, self._trained)
+        support, query, num_tasks = check_meta_batch(meta_batch, self.config.data_modules)
+        support, query = self._rule.expand(support), self._rule.expand(query)
         for leaf in self._leaves:
             leaf.grad = None
         if self.config.vectorize == "vmap":
@@ -222,8 +217,10 @@ class MetaLearner:
         if steps == 0:
             return detach_params(params)
         with torch.no_grad():
-            result = self.inner.update(params, support, lrs=self._current_lrs(), steps=steps)
-        return detach_params(result.params)
+            adapted, _ = self._rule.adapt(
+                params, self._rule.expand(support), lrs=self._current_lrs(), steps=steps
+            )
+        return detach_params(adapted)
 
     def evaluate(
         self, meta_batch: MetaBatch, steps: Iterable[int] = (0, 1, 5, 10)
@@ -245,7 +242,8 @@ class MetaLearner:
         wanted = sorted(set(steps))
         if not wanted or wanted[0] < 0:
             raise ValueError(f"steps must be non-negative integers, got {list(steps)}")
-        support, query, num_tasks = check_meta_batch(meta_batch, self._trained)
+        support, query, num_tasks = check_meta_batch(meta_batch, self.config.data_modules)
+        support, query = self._rule.expand(support), self._rule.expand(query)
         params = detach_params(self._params)
         lrs = self._current_lrs()
         with torch.no_grad():
@@ -342,16 +340,16 @@ class MetaLearner:
         """One task's summed query loss (the meta-objective) and, per module, its detached
         aux values by name (`_AUX`); under vmap every value gains a leading task dimension."""
         lrs = lrs_from_log(log_lrs, params, self.config.inner.learned_lr) if log_lrs else None
-        result = self.inner.update(params, support, lrs=lrs)
-        query_losses = self.inner.compute_losses(result.params, query)
+        adapted, inner = self._rule.adapt(params, support, lrs=lrs)
+        query_losses = self._rule.outer_losses(adapted, query)
         with torch.no_grad():
-            after = self.inner.compute_losses(detach_params(result.params), support)
+            after = self._rule.inner_losses(detach_params(adapted), support)
         aux = {
             m: {
                 "query_loss": query_losses[m].detach(),
-                "support_loss_before": result.metrics[m]["loss_before"],
+                "support_loss_before": inner[m]["loss_before"],
                 "support_loss_after": after[m],
-                "nonfinite": result.metrics[m]["nonfinite"],
+                "nonfinite": inner[m]["nonfinite"],
             }
             for m in query_losses
         }
@@ -360,16 +358,14 @@ class MetaLearner:
     def _adapt_curve(
         self, params: Params, lrs: Params | None, support: Batch, query: Batch, steps: list[int]
     ) -> Tensor:
-        losses, state, done = [], None, 0
+        # Each point adapts from the meta-parameters: with several phases, k steps mean k
+        # steps of each phase in turn, which continuing from k - 1 steps would not give.
+        losses = []
         for target in steps:
-            if target > done:
-                result = self.inner.update(
-                    params, support, opt_state=state, lrs=lrs, steps=target - done
-                )
-                params, state, done = result.params, result.opt_state, target
-            losses.append(
-                torch.stack(list(self.inner.compute_losses(params, query).values())).sum()
+            adapted = (
+                self._rule.adapt(params, support, lrs=lrs, steps=target)[0] if target else params
             )
+            losses.append(torch.stack(list(self._rule.outer_losses(adapted, query).values())).sum())
         return torch.stack(losses)
 
     def _task_metrics(
@@ -410,12 +406,24 @@ def _grad_of(leaf: Tensor) -> Tensor:
     return leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
 
 
-def _outer_optimizer(config: MetaConfig, leaves: list[Tensor]) -> torch.optim.Optimizer:
+def _outer_optimizer(
+    config: MetaConfig, params: Params, log_lrs: dict[str, Tensor]
+) -> torch.optim.Optimizer:
+    """The outer optimizer, one parameter group per learning rate in the leaves' order
+    (`outer.module_lr`, `outer.log_lr_lr`); one group when every leaf shares `outer.lr`."""
     outer = config.outer
+    groups: dict[float, list[Tensor]] = {}
+    for module_id in config.trained_modules:
+        lr = outer.module_lr.get(module_id, outer.lr)
+        groups.setdefault(lr, []).extend(params[module_id].values())
+    if log_lrs:
+        lr = outer.log_lr_lr if outer.log_lr_lr is not None else outer.lr
+        groups.setdefault(lr, []).extend(log_lrs.values())
+    param_groups = [{"params": leaves, "lr": lr} for lr, leaves in groups.items()]
     if outer.optimizer == "adam":
         return torch.optim.Adam(
-            leaves, lr=outer.lr, betas=outer.betas, weight_decay=outer.weight_decay
+            param_groups, lr=outer.lr, betas=outer.betas, weight_decay=outer.weight_decay
         )
     return torch.optim.SGD(
-        leaves, lr=outer.lr, momentum=outer.momentum, weight_decay=outer.weight_decay
+        param_groups, lr=outer.lr, momentum=outer.momentum, weight_decay=outer.weight_decay
     )

@@ -27,7 +27,7 @@ from pipeline.external_sort import sort_tables
 from pipeline.metadata import CompactedFrom, DatasetMetadata
 from pipeline.parquet_files import read_files
 from pipeline.schema import DatasetError
-from pipeline.sources import Source
+from pipeline.sources import Source, uri_of
 
 MEMORY_BYTES = 512 << 20
 """Rows held in memory at once while sorting (see ``pipeline.external_sort``)."""
@@ -91,11 +91,12 @@ def small_files_warning(info: DatasetInfo) -> str | None:
     median = statistics.median(info.file_sizes)
     if median >= SMALL_FILE_BYTES:
         return None
+    root = uri_of(info.filesystem, info.root)
     return (
-        f"{info.root}: {len(info.files)} files with a median size of {median / 1024:.1f} KiB; "
+        f"{root}: {len(info.files)} files with a median size of {median / 1024:.1f} KiB; "
         f"reading costs a file open per file whatever its size, so files under "
         f"{SMALL_FILE_BYTES >> 20} MiB read slowly. Rewrite them into ~{FILE_BYTES >> 20} MiB "
-        f"sorted files with: offmeta data compact {info.root} --out NEW_DIRECTORY"
+        f"sorted files with: offmeta data compact {root} --out NEW_DIRECTORY"
     )
 
 

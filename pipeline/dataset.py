@@ -26,7 +26,7 @@ from pipeline.metadata import check_metadata, check_task_ids, load_metadata
 from pipeline.parquet_files import map_files
 from pipeline.ray_logging import quiet_ray
 from pipeline.schema import EpisodeSchema
-from pipeline.sources import METADATA_FILE, ResolvedSource, Source, resolve_source
+from pipeline.sources import METADATA_FILE, ResolvedSource, Source, resolve_source, uri_of
 from pipeline.validation import build_schema, check_column_map, check_nulls, read_footers
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class DatasetInfo:
         return {
             "id": self.metadata.get("id"),
             "split": self.metadata.get("split"),
-            "root": self.root,
+            "root": uri_of(self.filesystem, self.root),
             "files": len(self.files),
             "rows": self.num_rows,
             "episodes": self.num_episodes,

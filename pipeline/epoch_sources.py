@@ -39,7 +39,8 @@ import pyarrow as pa
 from pipeline.batching import Batch, collate_minibatches, default_columns, module_codes
 from pipeline.dataset import to_canonical
 from pipeline.parquet_files import file_sizes, group_files
-from pipeline.read_ahead import read_ahead
+from pipeline.read_ahead import EpochReads
+from pipeline.returns import returns_index, split_derived
 from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, EpisodeSchema
 
 # The driver maps every block it reads, so its memory follows the blocks in flight: small
@@ -81,7 +82,8 @@ class EpochSource(Protocol):
 class RowSource:
     """Row minibatches for ``learners`` learners from Arrow super-batches.
 
-    ``epoch_tables(epoch)`` returns a fresh iterator of super-batches for that epoch.
+    ``epoch_tables(epoch)`` returns a fresh iterator of super-batches for that epoch;
+    ``close`` stops whatever reads ahead of it (the next epoch's first window).
     Super-batch ``i`` of epoch ``e`` is shuffled with ``default_rng((seed + e, i))``: a
     position depends on nothing else, so rounds before a resume point are skipped
     without shuffling or collating them.
@@ -98,8 +100,10 @@ class RowSource:
         modules_to_update: Collection[str] | None,
         pin_memory: bool,
         exact: bool,
+        close: Callable[[], None] = lambda: None,
     ) -> None:
         self.exact = exact
+        self._close = close
         self._epoch_tables = epoch_tables
         self._learners = learners
         self._minibatch_size = minibatch_size
@@ -141,6 +145,10 @@ class RowSource:
             if close is not None:
                 close()
 
+    def close(self) -> None:
+        """Stop reading ahead (the next epoch's first window may be reading)."""
+        self._close()
+
     def describe_empty(self, epoch: int, rows: int) -> str:
         need = "one minibatch" if self._learners == 1 else f"{self._learners} minibatches"
         return (
@@ -167,9 +175,11 @@ def row_source(
     modules_to_update: Collection[str] | None,
     materialize: bool,
     pin_memory: bool,
+    gamma: float | None = None,
 ) -> RowSource:
     """A row source over ``Episodes``, or over a Ray ``DataIterator`` that is already one
-    learner's shard (Ray Train's ``get_dataset_shard``)."""
+    learner's shard (Ray Train's ``get_dataset_shard``). With ``gamma``, rows also carry
+    the columns derived at ingest (``pipeline.returns``), looked up by ``(eps_id, t)``."""
     import ray.data
     from ray.data.dataset import MaterializedDataset
     from ray.data.expressions import col
@@ -181,7 +191,13 @@ def row_source(
         "seed": seed,
         "pin_memory": pin_memory,
     }
+    columns, derived = split_derived(columns, gamma)
     if isinstance(source, ray.data.DataIterator):
+        if derived:
+            raise ValueError(
+                f"columns {list(derived)} are derived from whole episodes, which one "
+                "learner's shard does not hold; stream the Episodes (or use task_samples)"
+            )
         if learners != 1 or materialize:
             raise ValueError(
                 "a DataIterator is already one learner's shard, read as it comes: expected "
@@ -198,6 +214,7 @@ def row_source(
     chosen = resolve_columns(schema, columns)
     modules = check_modules(modules_to_update, tuple(source.module_ids))
     needed = [*chosen, *(["module_id"] if schema.has_module_id else [])]
+    needed = list(dict.fromkeys([*needed, *(["eps_id", "t"] if derived else [])]))
 
     def selected(dataset: ray.data.Dataset) -> ray.data.Dataset:
         dataset = dataset.select_columns(needed)
@@ -216,28 +233,42 @@ def row_source(
         # materialized after selecting, so that an epoch runs no task per block.
         cached = selected(ray.data.Dataset.copy(source.dataset, _deep_copy=True)).materialize()
 
-        def tables(epoch: int) -> Iterator[pa.Table]:
+        def windows(epoch: int) -> list[Callable[[], ray.data.Dataset]]:
             # Blocks already sit in the object store: shuffling their order is cheap.
-            shuffled = cached.randomize_block_order(seed=seed + epoch)
-            return cut_tables(read_ahead([lambda: shuffled]), superbatch_rows)
+            return [lambda: cached.randomize_block_order(seed=seed + epoch)]
 
     else:
         sizes = file_sizes(source.files, source.filesystem)
 
-        def tables(epoch: int) -> Iterator[pa.Table]:
+        def windows(epoch: int) -> list[Callable[[], ray.data.Dataset]]:
             # A fresh read per epoch over the validated files in a seeded order, a window
             # of files at a time (see pipeline.read_ahead), each window read by tasks of
             # grouped files (see pipeline.grouped_read). Ray's randomize_block_order would
             # wait for the whole epoch to be read before handing out its first block; a
             # file order streams from the first file.
             order = np.random.default_rng(seed + epoch).permutation(len(sizes)).tolist()
-            reads = [
+            return [
                 functools.partial(_read_window, source, order[w.start : w.stop], sizes, selected)
                 for w in group_files([sizes[i] for i in order], _WINDOW_BYTES)
             ]
-            return cut_tables(read_ahead(reads), superbatch_rows)
 
-    return RowSource(tables, columns=chosen, modules_to_update=modules, exact=True, **options)
+    # One read across epochs: the next epoch's first window reads while this one ends.
+    reads = EpochReads(windows)
+
+    def tables(epoch: int) -> Iterator[pa.Table]:
+        return cut_tables(reads.tables(epoch), superbatch_rows)
+
+    if derived:
+        assert gamma is not None  # split_derived refuses derived columns without it
+        tables = returns_index(source, gamma).wrap(tables, derived)
+    return RowSource(
+        tables,
+        columns=(*chosen, *derived),
+        modules_to_update=modules,
+        exact=True,
+        close=reads.close,
+        **options,
+    )
 
 
 def _read_window(

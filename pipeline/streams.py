@@ -324,6 +324,11 @@ class _Group:
                 epoch, skip = epoch + 1, 0
         except BaseException as error:  # relayed to every learner, which re-raises it
             self._broadcast(("error", error))
+        finally:
+            # Row sources read the next epoch ahead: stop those reads with this thread.
+            close = getattr(self.source, "close", None)
+            if close is not None:
+                close()
 
     def _deal(self, batches: list[list[Batch]]) -> bool:
         return all(
@@ -359,6 +364,7 @@ def split_for_learners(
     stall_timeout_s: float = 60.0,
     materialize: bool = False,
     ranks: Sequence[int] | None = None,
+    gamma: float | None = None,
 ) -> list[LearnerStream]:
     """Split ``source`` once into one repeatable stream per learner.
 
@@ -375,7 +381,9 @@ def split_for_learners(
     spills to disk when full), so that later epochs skip reading and decoding Parquet.
     ``stall_timeout_s`` bounds how long a learner waits for data that a stopped learner
     holds up before ``StreamStalledError``. ``ranks`` builds only those learners' streams
-    (a Ray Train worker passes its own rank): task samples only.
+    (a Ray Train worker passes its own rank): task samples only. ``gamma`` adds the
+    columns derived at ingest to row minibatches (``returns``, ``returns_truncated``; see
+    ``pipeline.returns``); task samples take it in ``task_samples``.
     """
     _check_int("num_learners", num_learners, 1)
     _check_int("minibatch_size", minibatch_size, 1)
@@ -390,10 +398,11 @@ def split_for_learners(
     source_of_batches: EpochSource
     extra_settings: dict[str, Any] = {}
     if isinstance(source, TaskSamples | TaskWindows):
-        if columns is not None or modules_to_update is not None or materialize:
+        given = (columns, modules_to_update, gamma)
+        if any(value is not None for value in given) or materialize:
             raise ValueError(
-                "task samples come with their columns and modules_to_update chosen by "
-                "task_samples(); pass those there, and no materialize="
+                "task samples come with their columns, modules_to_update and gamma chosen "
+                "by task_samples(); pass those there, and no materialize="
             )
         windowed = isinstance(source, TaskWindows)
         source_of_batches = (WindowTaskSource if windowed else TaskSource)(
@@ -425,6 +434,7 @@ def split_for_learners(
             modules_to_update=modules_to_update,
             materialize=materialize,
             pin_memory=device.type == "cuda",
+            gamma=gamma,
         )
         kind, rows_per_batch = "rows", minibatch_size
     group = _Group(

@@ -7,8 +7,10 @@ tasks are packed into windows of at most ``window_rows`` rows.
 
 ``read_window(i)`` reads a window's row groups with pyarrow, keeps the rows of the modules
 sampled and returns them as in-memory ``TaskSamples`` (sorted like the in-memory path), so
-a window is planned exactly as the whole dataset is in memory. How windows are mixed into
-meta-batches is ``pipeline.task_sources.WindowTaskSource``.
+a window is planned exactly as the whole dataset is in memory. With a discount ``gamma``
+the window also gets the columns derived at ingest (``pipeline.returns``), computed from
+its own sorted rows: a window holds whole tasks, so whole episodes. How windows are mixed
+into meta-batches is ``pipeline.task_sources.WindowTaskSource``.
 
 Memory: the budget covers a window read, its sorted copy, the samples carried over from
 the previous window (at most one window) and the conversion to arrays, so a window has
@@ -31,6 +33,7 @@ import pyarrow.parquet as pq
 
 from pipeline.batching import column_array
 from pipeline.dataset import DatasetInfo
+from pipeline.returns import INPUT_COLUMNS, returns_columns
 from pipeline.schema import DatasetError, EpisodeSchema
 from pipeline.task_order import Piece, Span, task_spans
 from pipeline.tasks import (
@@ -44,6 +47,7 @@ from pipeline.tasks import (
 _COPIES = 4
 _MB = 2**20
 _STRING_BYTES = 16  # an estimate for string ids: offsets plus a short value
+_DERIVED_BYTES = 4  # returns is float32; returns_truncated, a bool, rounds up to it
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class TaskWindows:
     support: int
     query: int
     columns: tuple[str, ...]
+    """Stored columns, then the derived ones."""
     task_ids: tuple[str, ...]
     """Sorted ids of the tasks that are sampled."""
     module_ids: tuple[str, ...]
@@ -83,6 +88,9 @@ class TaskWindows:
     schema: EpisodeSchema = field(repr=False)
     modules: frozenset[str] | None = field(repr=False)
     """The modules sampled (``None``: all)."""
+    derived: tuple[str, ...] = ()
+    """Columns derived per window with ``gamma`` (``pipeline.returns``)."""
+    gamma: float | None = None
 
     @property
     def samples_per_epoch(self) -> int:
@@ -126,6 +134,12 @@ class TaskWindows:
         size = self.support + self.query
         counts = np.diff(groups.offsets)
         small = counts < size
+        stored = self.columns[: len(self.columns) - len(self.derived)]
+        arrays = {name: column_array(table, name) for name in stored}
+        if self.derived:
+            assert self.gamma is not None  # task_samples derives columns only with gamma
+            derived = returns_columns(table, self.gamma)
+            arrays.update({name: derived[name] for name in self.derived})
         return TaskSamples(
             support=self.support,
             query=self.query,
@@ -134,7 +148,7 @@ class TaskWindows:
             module_ids=self.module_ids,
             skipped_tasks={},
             fingerprint=self.fingerprint,
-            arrays={name: column_array(table, name) for name in self.columns},
+            arrays=arrays,
             group_offsets=groups.offsets,
             group_modules=np.array(
                 [self.module_ids.index(m) for m in groups.modules], dtype=np.int64
@@ -143,7 +157,8 @@ class TaskWindows:
         )
 
     def _read_rows(self, window: Window) -> pa.Table:
-        names = _read_names(self.schema, self.columns)
+        stored = self.columns[: len(self.columns) - len(self.derived)]
+        names = _read_names(self.schema, _with_inputs(stored, self.derived))
         on_disk = [self.schema.column_map.get(name, name) for name in names]
         parts = []
         for file_index in dict.fromkeys(piece.file for piece in window.pieces):
@@ -179,10 +194,14 @@ def plan_task_windows(
     modules: frozenset[str] | None,
     skip_small_tasks: bool,
     memory_budget_mb: float,
+    derived: tuple[str, ...] = (),
+    gamma: float | None = None,
 ) -> TaskWindows:
-    """Plan the windows of ``info``'s tasks for ``memory_budget_mb`` (see the module)."""
+    """Plan the windows of ``info``'s tasks for ``memory_budget_mb`` (see the module);
+    ``columns`` are stored ones, ``derived`` are computed per window with ``gamma``."""
     schema = info.schema
-    row_bytes = _row_bytes(info, _read_names(schema, columns))
+    row_bytes = _row_bytes(info, _read_names(schema, _with_inputs(columns, derived)))
+    row_bytes += _DERIVED_BYTES * len(derived)
     window_rows = max(1, int(memory_budget_mb * _MB // (_COPIES * row_bytes)))
     spans = task_spans(info)
     groups = sorted(
@@ -218,7 +237,7 @@ def plan_task_windows(
     return TaskWindows(
         support=support,
         query=query,
-        columns=columns,
+        columns=(*columns, *derived),
         task_ids=tuple(sorted({t for t, c in zip(group_tasks, counts, strict=True) if c >= size})),
         module_ids=tuple(sorted(set(group_modules))),
         skipped_tasks=skipped,
@@ -230,6 +249,8 @@ def plan_task_windows(
         filesystem=info.filesystem,
         schema=schema,
         modules=modules,
+        derived=derived,
+        gamma=gamma,
     )
 
 
@@ -273,6 +294,10 @@ def _merged(pieces: list[Piece]) -> tuple[Piece, ...]:
         else:
             merged.append(piece)
     return tuple(merged)
+
+
+def _with_inputs(columns: tuple[str, ...], derived: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*columns, *INPUT_COLUMNS))) if derived else columns
 
 
 def _read_names(schema: EpisodeSchema, columns: tuple[str, ...]) -> list[str]:

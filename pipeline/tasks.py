@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from pipeline.batching import Batch, column_array, gather
 from pipeline.dataset import DatasetInfo, Episodes
 from pipeline.epoch_sources import check_modules, resolve_columns
+from pipeline.returns import INPUT_COLUMNS, returns_columns, split_derived
 from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ def task_samples(
     skip_small_tasks: bool = False,
     mode: str = "auto",
     memory_budget_mb: float | None = None,
+    gamma: float | None = None,
 ) -> TaskSamples | TaskWindows:
     """Per-task groups of ``episodes`` for K-support/Q-query sampling.
 
@@ -158,7 +160,9 @@ def task_samples(
     Tasks with fewer than ``support + query`` transitions are refused with an error that
     lists them, or left out and listed in ``skipped_tasks`` with ``skip_small_tasks``.
     The shuffle seed is the stream's (``split_for_learners(seed=...)``): epoch ``e`` is
-    planned from ``seed + e``.
+    planned from ``seed + e``. With ``gamma`` the samples also carry the columns derived
+    at ingest (``returns``, ``returns_truncated``; see ``pipeline.returns``), computed per
+    whole episode in memory and per window when streaming (a window holds whole tasks).
     """
     from pipeline.task_windows import estimated_bytes, plan_task_windows
 
@@ -173,11 +177,13 @@ def task_samples(
         raise ValueError(
             "mode='stream' needs memory_budget_mb: the windows of tasks are sized from it"
         )
-    chosen = resolve_columns(episodes.schema, columns)
+    stored, derived = split_derived(columns, gamma)
+    chosen = resolve_columns(episodes.schema, stored)
+    read = tuple(dict.fromkeys((*chosen, *INPUT_COLUMNS))) if derived else chosen
     modules = check_modules(modules_to_update, tuple(episodes.module_ids))
     if memory_budget_mb is not None and (
         mode == "stream"
-        or (mode == "auto" and estimated_bytes(episodes, chosen) > memory_budget_mb * 2**20)
+        or (mode == "auto" and estimated_bytes(episodes, read) > memory_budget_mb * 2**20)
     ):
         return plan_task_windows(
             episodes,
@@ -187,13 +193,15 @@ def task_samples(
             modules=modules,
             skip_small_tasks=skip_small_tasks,
             memory_budget_mb=memory_budget_mb,
+            derived=derived,
+            gamma=gamma,
         )
     if not isinstance(episodes, Episodes):
         raise TypeError(
             "task samples in memory are read through Ray: pass read_episodes(...), not "
             "inspect_episodes(...), or stream them (mode='stream' with memory_budget_mb)"
         )
-    table = _read_sorted(episodes, chosen, modules)
+    table = _read_sorted(episodes, read, modules)
     if table.num_rows == 0:
         raise DatasetError(no_rows_message(modules))
     groups = group_rows(table)
@@ -204,15 +212,20 @@ def task_samples(
         groups.tasks, groups.modules, counts, support, query, skip_small_tasks
     )
     small = counts < size
+    arrays = {name: column_array(table, name) for name in chosen}
+    if derived:
+        assert gamma is not None  # split_derived refuses derived columns without it
+        # Rows are in (module, task, episode, t) order: every episode is contiguous.
+        arrays.update({k: v for k, v in returns_columns(table, gamma).items() if k in derived})
     return TaskSamples(
         support=support,
         query=query,
-        columns=chosen,
+        columns=(*chosen, *derived),
         task_ids=tuple(sorted({t for t, s in zip(groups.tasks, small, strict=True) if not s})),
         module_ids=module_ids,
         skipped_tasks=skipped,
         fingerprint=getattr(episodes, "fingerprint", None),
-        arrays={name: column_array(table, name) for name in chosen},
+        arrays=arrays,
         group_offsets=groups.offsets,
         group_modules=np.array([module_ids.index(m) for m in groups.modules], dtype=np.int64),
         group_samples=np.where(small, 0, counts // size),

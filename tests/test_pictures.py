@@ -24,7 +24,6 @@ from flows.pictures import (
     draw_rollouts,
     picture_files,
 )
-from flows.trajectories import BEHAVIOR_COLUMN
 from learners.meta import MetaLearner
 from pipeline.artifacts import ArtifactError
 from pipeline.artifacts.plots import (
@@ -37,6 +36,7 @@ from pipeline.artifacts.plots import (
 from pipeline.batching import column_array
 from pipeline.dataset import read_episodes
 from pipeline.synthetic import PointRobotTasks, generate
+from pipeline.synthetic.point_robot_episodes import BEHAVIOR_COLUMN
 from tests.flow_runs import tiny_config
 from tests.published_pictures import PICTURES, png_size, standard_error
 

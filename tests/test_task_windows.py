@@ -126,20 +126,18 @@ def test_windows_are_whole_sorted_tasks_within_the_row_limit(windows):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("modules", [None, ("walker", "runner")])
-def test_one_window_gives_exactly_the_in_memory_batches(tmp_path, ray_session, modules):
+@pytest.mark.parametrize(
+    ("modules", "gamma"), [(None, None), (("walker", "runner"), None), (None, 0.9)]
+)
+def test_one_window_gives_exactly_the_in_memory_batches(tmp_path, ray_session, modules, gamma):
     _write_sorted(tmp_path, SIZES, modules=modules)
     episodes = read_episodes(tmp_path)
     chosen = None if modules is None else ["walker"]
-    in_memory = task_samples(episodes, support=K, query=Q, modules_to_update=chosen)
-    streamed = task_samples(
-        episodes,
-        support=K,
-        query=Q,
-        modules_to_update=chosen,
-        mode="stream",
-        memory_budget_mb=64,
-    )
+    options = {"support": K, "query": Q, "modules_to_update": chosen, "gamma": gamma}
+    in_memory = task_samples(episodes, **options)
+    streamed = task_samples(episodes, mode="stream", memory_budget_mb=64, **options)
+    assert streamed.columns == in_memory.columns
+    assert ("returns" in streamed.columns) == (gamma is not None)
     assert isinstance(in_memory, TaskSamples) and isinstance(streamed, TaskWindows)
     assert len(streamed.windows) == 1
     per_epoch = in_memory.samples_per_epoch // 5
@@ -150,6 +148,31 @@ def test_one_window_gives_exactly_the_in_memory_batches(tmp_path, ray_session, m
 
     _assert_equal_batches(got, expected)
     assert (state["epoch"], state["batches_consumed"], state["kind"]) == (2, 1, "task_windows")
+
+
+@pytest.mark.timeout(120)
+def test_windows_derive_returns_from_their_own_whole_episodes(sorted_dir, ray_session):
+    columns = ["eps_id", "t", "rewards", "returns", "returns_truncated"]
+    options = {"support": K, "query": Q, "columns": columns, "gamma": 0.9}
+    in_memory = task_samples(read_episodes(sorted_dir), **options)
+    streamed = task_samples(
+        inspect_episodes(sorted_dir), mode="stream", memory_budget_mb=BUDGET_MB, **options
+    )
+    # 29 bytes a row: eps_id 8, t 4, rewards 4, terminateds 1, task_id codes 4, and 4 for
+    # each derived column.
+    assert (streamed.window_rows, len(streamed.windows)) == (271, 4)
+    assert streamed.columns == ("eps_id", "t", "rewards", "returns", "returns_truncated")
+    read = [streamed.read_window(i).arrays for i in range(len(streamed.windows))]
+    for name in streamed.columns:
+        # Windows hold consecutive whole tasks in the in-memory order: together, every row.
+        joined = np.concatenate([arrays[name] for arrays in read])
+        assert joined.dtype == in_memory.arrays[name].dtype
+        assert np.array_equal(joined, in_memory.arrays[name]), name
+    # Episodes of 5 steps never end with terminateds: every row's return is truncated, and
+    # the last step's return is its reward.
+    assert in_memory.arrays["returns_truncated"].all()
+    assert in_memory.arrays["t"][4] == 4
+    assert in_memory.arrays["returns"][4] == in_memory.arrays["rewards"][4]
 
 
 @pytest.mark.timeout(120)

@@ -19,6 +19,13 @@ _GENERATOR_OPTIONS: dict[str, list[tuple[str, type, str]]] = {
         ("--episodes-per-task", int, "expert episodes per goal (default 5)"),
         ("--noise-std", float, "Gaussian noise on each expert action component (default 0.03)"),
         ("--random-fraction", float, "fraction of random actions (default 0.1)"),
+        (
+            "--behavior",
+            str,
+            "expert (noise-free), noisy (default: the noisy expert) or mixed (random-policy "
+            "and noisy-expert episodes)",
+        ),
+        ("--random-share", float, "mixed: share of random-policy episodes per task (default 0.4)"),
     ],
 }
 

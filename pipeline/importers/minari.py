@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from pipeline.dataset_writer import DatasetWriter, Progress
 from pipeline.importers.minari_episodes import RawEpisode, canonical_episodes, check_columns
 from pipeline.importers.output import ImportSummary, SourceFacts, check_output, import_summary
+from pipeline.importers.remote_source import is_remote, local_copy
 from pipeline.importers.source_files import SourceFingerprint, natural_key
 from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space
 from pipeline.schema import DatasetError
@@ -54,11 +55,20 @@ def import_minari(
     canonical dataset at ``out``.
 
     Raises ``DatasetError`` for input that cannot be converted and ``ValueError`` when
-    ``out`` already holds files; nothing is written then.
+    ``out`` already holds files; nothing is written then. An ``s3://`` (or other remote)
+    ``src`` is imported from a temporary local copy (``remote_source``).
     """
-    given = str(src)
-    data = _data_directory(Path(src).absolute())
-    out = Path(out).absolute()
+    if is_remote(src):
+        check_output(Path(out).absolute())
+        with local_copy(str(src), Path(out).absolute().parent) as copy:
+            return _import(copy, str(src), Path(out).absolute(), task_id, progress)
+    return _import(Path(src).absolute(), str(src), Path(out).absolute(), task_id, progress)
+
+
+def _import(
+    src: Path, given: str, out: Path, task_id: str | None, progress: Progress | None
+) -> ImportSummary:
+    data = _data_directory(src)
     fingerprint = SourceFingerprint(data)
     metadata = _read_json(data / _METADATA, fingerprint)
     data_format = metadata.get("data_format")

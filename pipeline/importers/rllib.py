@@ -35,6 +35,7 @@ from pipeline.dataset_writer import DatasetWriter, Progress
 from pipeline.external_sort import sort_tables
 from pipeline.importers.columns import row_hashes
 from pipeline.importers.output import ImportSummary, SourceFacts, check_output, import_summary
+from pipeline.importers.remote_source import is_remote, local_copy
 from pipeline.importers.rllib_repeats import ORIGIN, SORT_KEYS, RepeatedSteps
 from pipeline.importers.rllib_rows import canonical_rows
 from pipeline.importers.rllib_steps import StepNumbering
@@ -63,9 +64,27 @@ def import_rllib(
 
     ``src`` is the recorder's output directory, one ``<env>`` directory in it, or one
     ``run-*`` directory. Raises ``DatasetError`` for input that cannot be converted and
-    ``ValueError`` when ``out`` already holds files; nothing is written then.
+    ``ValueError`` when ``out`` already holds files; nothing is written then. An
+    ``s3://`` (or other remote) ``src`` is imported from a temporary local copy
+    (``remote_source``).
     """
-    given, src, out = str(src), Path(src).absolute(), Path(out).absolute()
+    options = {"task_id": task_id, "progress": progress, "chunk_bytes": chunk_bytes}
+    if is_remote(src):
+        check_output(Path(out).absolute())
+        with local_copy(str(src), Path(out).absolute().parent) as copy:
+            return _import(copy, str(src), Path(out).absolute(), **options)
+    return _import(Path(src).absolute(), str(src), Path(out).absolute(), **options)
+
+
+def _import(
+    src: Path,
+    given: str,
+    out: Path,
+    *,
+    task_id: str | None,
+    progress: Progress | None,
+    chunk_bytes: int,
+) -> ImportSummary:
     if not src.exists():
         raise DatasetError(f"{src} does not exist; expected an RLlib recording directory")
     check_output(out)
