@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	@echo "installing offmeta into $(VENV) (pyproject.toml changed)"
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet torch==$(TORCH_VERSION)
-	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[train,test]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -52,7 +52,8 @@ REQUIRED = (
 )
 """Fields every record has (``details`` is optional)."""
 
-_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
+# Bench names are script names, which may hold '_' (bench/offline_rl.py).
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _TARGET = re.compile(r"(<=|>=) *(-?[0-9]+(?:\.[0-9]+)?)")
 
 
@@ -86,8 +87,8 @@ def write_record(
     for field, name in (("bench", bench), ("figure", figure)):
         if not _NAME.fullmatch(name):
             raise ValueError(
-                f"record {field} {name!r} is not a name: use lower-case letters, digits and "
-                "'-' (it becomes part of the file name)"
+                f"record {field} {name!r} is not a name: use lower-case letters, digits, '-' "
+                "and '_' (it becomes part of the file name)"
             )
     _check_number(f"{bench}/{figure} value", value)
     if baseline is not None:

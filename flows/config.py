@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from learners.config import MetaConfig
 from pipeline.artifacts.errors import ArtifactNameError, UnsupportedRootError
 from pipeline.artifacts.names import validate_name
-from pipeline.artifacts.roots import local_root
+from pipeline.artifacts.roots import parse_root
 
 _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
@@ -45,6 +45,13 @@ class DataConfig(BaseModel):
         default_factory=dict,
         description="Canonical column -> column name on disk, for both datasets "
         "(e.g. {obs: observation}).",
+    )
+    gamma: float = Field(
+        0.99,
+        ge=0,
+        le=1,
+        description="Discount of the per-episode return-to-go derived at ingest (columns "
+        "returns and returns_truncated of every task sample; see pipeline.returns).",
     )
     allow_partial_episodes: bool = Field(
         False,
@@ -67,6 +74,19 @@ class TasksConfig(BaseModel):
         "the dataset.",
     )
     seed: int = Field(0, ge=0, description="Shuffle seed of the task streams (epoch e: seed + e).")
+    mode: Literal["auto", "memory", "stream"] = Field(
+        "auto",
+        description="memory: read the selected columns into memory once. stream: read windows "
+        "of whole tasks each epoch, holding about memory_budget_mb (needs data sorted by "
+        "task, as `offmeta data import` and `compact` write it). auto: stream when the "
+        "selected columns would take more than memory_budget_mb in memory.",
+    )
+    memory_budget_mb: float = Field(
+        2048.0,
+        gt=0,
+        description="Megabytes the training task samples may take in memory; above it, auto "
+        "mode streams them in windows sized to it.",
+    )
 
 
 class LearnersConfig(MetaConfig):
@@ -91,6 +111,13 @@ class TrainingConfig(BaseModel):
 
     iterations: int = Field(1000, ge=1, description="Meta-steps (meta-batches) to train.")
     log_every: int = Field(100, ge=1, description="Iterations between progress lines.")
+    history_points: int = Field(
+        100,
+        ge=1,
+        description="Points of the learning curve (history.json, learning_curve.png) over the "
+        "run: recorded every ceil(iterations / history_points) iterations and after the last "
+        "one, whatever log_every is.",
+    )
     checkpoint_every: int = Field(
         250, ge=1, description="Iterations between checkpoints (and after the last one)."
     )
@@ -150,6 +177,11 @@ class TrainingConfig(BaseModel):
             raise ValueError(f"expected cpu, cuda, cuda:N or mps, got {device!r}")
         return device
 
+    @property
+    def history_every(self) -> int:
+        """Iterations between two points of the learning curve (``history_points``)."""
+        return -(-self.iterations // self.history_points)
+
 
 class EvaluationConfig(BaseModel):
     """Adaptation on held-out tasks after training."""
@@ -192,18 +224,16 @@ class ArtifactsConfig(BaseModel):
 
     root: str = Field(
         "artifacts",
-        description="Artifact store directory: a path (relative to the working directory of "
-        "the run) or a file:// URI; other schemes (s3://...) are refused.",
+        description="Artifact store: a directory, a file:// URI or s3://bucket/prefix (S3 "
+        "endpoint and credentials from the standard AWS_* environment variables).",
     )
     name: str = Field(description="Artifact name; each run publishes its next version.")
 
     @field_validator("root")
     @classmethod
-    def _local_root(cls, root: str) -> str:
-        # Kept as written (a relative root stays relative to the run's working directory);
-        # only checked here, so that a root the store would refuse fails at config load.
+    def _valid_root(cls, root: str) -> str:
         try:
-            local_root(root)
+            parse_root(root)
         except UnsupportedRootError as error:
             raise ValueError(str(error)) from None
         return root

@@ -78,6 +78,10 @@ def _check_modules(cfg: MetaTrainConfig, split: str, episodes: DatasetInfo) -> N
     learners = cfg.learners
     where = f"{split} dataset {episodes.root}"
     for module_id in learners.trained_modules:
+        if learners.modules[module_id].data_module is not None:
+            # Reads another module's rows (checked below with it) and has outputs of its own.
+            _check_obs_dim(where, episodes, module_id, learners.modules[module_id].obs_dim)
+    for module_id in learners.data_modules:
         if module_id not in episodes.module_ids:
             raise DatasetError(
                 f"{where} has no rows of module {module_id!r}, which learners.modules trains; "
@@ -85,13 +89,7 @@ def _check_modules(cfg: MetaTrainConfig, split: str, episodes: DatasetInfo) -> N
                 "or list the ones to train in learners.modules_to_update)"
             )
         spec = learners.modules[module_id]
-        obs_dim = math.prod(episodes.schema.obs_shape)
-        if spec.obs_dim != obs_dim:
-            raise DatasetError(
-                f"{where}: observations have shape {list(episodes.schema.obs_shape)} "
-                f"({obs_dim} values) but learners.modules.{module_id}.obs_dim is {spec.obs_dim}; "
-                f"expected obs_dim: {obs_dim}"
-            )
+        _check_obs_dim(where, episodes, module_id, spec.obs_dim)
         action_dim = _action_dim(episodes)
         if action_dim is not None and spec.action_dim != action_dim:
             what = (
@@ -104,6 +102,16 @@ def _check_modules(cfg: MetaTrainConfig, split: str, episodes: DatasetInfo) -> N
                 f"learners.modules.{module_id}.action_dim is {spec.action_dim}; "
                 f"expected action_dim: {action_dim}"
             )
+
+
+def _check_obs_dim(where: str, episodes: DatasetInfo, module_id: str, declared: int) -> None:
+    obs_dim = math.prod(episodes.schema.obs_shape)
+    if declared != obs_dim:
+        raise DatasetError(
+            f"{where}: observations have shape {list(episodes.schema.obs_shape)} "
+            f"({obs_dim} values) but learners.modules.{module_id}.obs_dim is {declared}; "
+            f"expected obs_dim: {obs_dim}"
+        )
 
 
 def _action_dim(episodes: DatasetInfo) -> int | None:

@@ -3,10 +3,12 @@
 Two measures, both on tasks the learner never trained on:
 
 - query loss after 0, 1, 5, 10 inner steps on each task's K support transitions
-  (``MetaLearner.evaluate``, the same inner rule as training);
+  (``MetaLearner.evaluate_tasks``, the same inner rule as training), kept per task;
 - for datasets whose generator has an environment (point_robot), the mean return of
   rollouts with each task's goal: the unadapted meta-policy, the policy adapted on that
-  task's support transitions, and the noise-free expert that generated the data.
+  task's support transitions, and the noise-free expert; beside them the mean episode return
+  of the held-out data itself (the behaviour policy), to tell improvement from imitation;
+  also the few episodes ``rollouts.png`` draws (``flows.trajectories``).
 
 Each held-out task contributes exactly one sample of K support + Q query transitions,
 drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from flows.config import EvaluationConfig, MetaTrainConfig
+from flows.trajectories import TRAJECTORIES
 from learners.meta import MetaLearner
 from learners.meta_batch import task_slice
 from learners.models import build_model
@@ -46,11 +49,19 @@ class EvaluationReport:
     query_loss: dict[int, float]
     """Inner steps -> mean query loss over the tasks (0: before adaptation)."""
     returns: dict[str, float] | None = None
-    """Mean episode return of the ``unadapted``, ``adapted`` and ``expert`` policies."""
+    """Mean episode return of the ``unadapted``, ``adapted`` and ``expert`` policies, and of
+    the held-out data's episodes (``behavior``)."""
     environment: str | None = None
     rollout_episodes: int = 0
     """Episodes per task in each policy's mean."""
     rollout_adapt_steps: int = 0
+    task_ids: tuple[str, ...] = ()
+    """The held-out tasks evaluated, in the order of ``query_loss_per_task``."""
+    query_loss_per_task: dict[int, list[float]] = field(default_factory=dict)
+    """Inner steps -> each task's query loss (``adaptation.png``: mean ± standard error)."""
+    trajectories: dict[str, Any] | None = field(default=None, repr=False)
+    """Episodes on a few goals for ``rollouts.png`` (``flows.trajectories``); stored as
+    rollouts.json, left out of ``to_dict``."""
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics for the artifact manifest."""
@@ -74,7 +85,10 @@ class EvaluationReport:
             for policy, value in self.returns.items():
                 label = policy
                 if policy == "adapted":
-                    label += f" ({self.rollout_adapt_steps} steps)"
+                    steps = self.rollout_adapt_steps
+                    label += f" ({steps} step{'s' * (steps != 1)})"
+                elif policy == "behavior":
+                    label = "behavior data"
                 change = "" if policy == "unadapted" else f"{value - base:+.3g}"
                 rows.append(
                     {"measure": f"return, {label}", "value": f"{value:.4g}", "change": change}
@@ -116,9 +130,11 @@ class EvaluationReport:
         return line
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (step counts become string keys)."""
+        """Plain JSON (step counts become string keys), without the trajectories."""
         data = asdict(self)
+        del data["trajectories"]
         data["query_loss"] = {str(k): v for k, v in self.query_loss.items()}
+        data["query_loss_per_task"] = {str(k): v for k, v in self.query_loss_per_task.items()}
         return data
 
 
@@ -137,8 +153,9 @@ def evaluate(
         heldout,
         support=cfg.tasks.support,
         query=cfg.tasks.query,
-        modules_to_update=learner.config.trained_modules,
+        modules_to_update=learner.config.data_modules,
         skip_small_tasks=cfg.tasks.skip_small_tasks,
+        gamma=cfg.data.gamma,
     )
     if len(samples.module_ids) != 1:
         raise ValueError(
@@ -147,10 +164,10 @@ def evaluate(
         )
     meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
     meta_batch = finalize(meta_batch, learner.device)
-    query_loss = learner.evaluate(meta_batch, steps=settings.steps)
+    per_task = learner.evaluate_tasks(meta_batch, steps=settings.steps)
     environment = _environment_name(heldout.metadata)
     rollouts = _ENVIRONMENTS.get(environment) if settings.rollout_episodes > 0 else None
-    returns = None
+    returns = trajectories = None
     if rollouts is not None:
         described = heldout.metadata.get("tasks") or {}
         missing = [task_id for task_id in task_ids if task_id not in described]
@@ -161,15 +178,22 @@ def evaluate(
                 "each task's parameters (or set evaluation.rollout_episodes to 0)"
             )
         returns = rollouts(learner, meta_batch, [described[t] for t in task_ids], settings)
+        returns["behavior"] = _behavior_return(samples.arrays["rewards"], heldout.num_episodes)
+        trajectories = TRAJECTORIES[environment](
+            learner, meta_batch, task_ids, [described[t] for t in task_ids], settings, heldout
+        )
     report = EvaluationReport(
         tasks=len(task_ids),
         support=cfg.tasks.support,
         query=cfg.tasks.query,
-        query_loss=dict(query_loss),
+        query_loss={steps: float(losses.mean()) for steps, losses in per_task.items()},
         returns=returns,
         environment=environment if returns is not None else None,
         rollout_episodes=settings.rollout_episodes if returns is not None else 0,
         rollout_adapt_steps=settings.rollout_adapt_steps if returns is not None else 0,
+        task_ids=tuple(task_ids),
+        query_loss_per_task={steps: losses.tolist() for steps, losses in per_task.items()},
+        trajectories=trajectories,
     )
     # One line: `offmeta run` prints the whole table once, after the run.
     logger.info("%s", report.summary())
@@ -188,7 +212,7 @@ def _point_robot_returns(
     settings: EvaluationConfig,
 ) -> dict[str, float]:
     """Mean return per episode of each policy, ``rollout_episodes`` episodes per task."""
-    (module,) = learner.config.trained_modules
+    (module,) = learner.config.data_modules  # the policy: the module that reads its own rows
     model = build_model(learner.config.modules[module]).to(learner.device)
     support = meta_batch["support"]
     adapted = [
@@ -234,6 +258,13 @@ def _point_robot_returns(
 
 
 _ENVIRONMENTS: dict[str, Rollouts] = {"point_robot": _point_robot_returns}
+
+
+def _behavior_return(rewards: np.ndarray, episodes: int) -> float:
+    """Mean undiscounted episode return of the data: every reward counted once."""
+    return float(np.asarray(rewards, dtype=np.float64).sum() / episodes)
+
+
 """Generator name (``dataset.json`` ``generator.name``) -> its evaluation rollouts."""
 
 

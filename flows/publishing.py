@@ -1,7 +1,9 @@
 """Stage 4 of a run: publish the result as the next version of ``artifacts.name``, and show it
 in Prefect (link, table and markdown artifacts pointing at that version).
 
-The artifact store is the registry; the Prefect artifacts are only a view of it.
+The artifact store is the registry (a directory or ``s3://bucket/prefix``); the Prefect
+artifacts are only a view of it: the link goes to the version's manifest (``file://`` or
+``s3://``) and says how a consumer loads it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,15 @@ from flows.config import MetaTrainConfig
 from flows.consumer import learner_state_files
 from flows.datasets import Datasets
 from flows.evaluation import EvaluationReport
+from flows.pictures import picture_files
 from flows.train_state import TrainResult
-from pipeline.artifacts import ArtifactRef, ArtifactStore, Lineage
+from pipeline.artifacts import (
+    ArtifactNotFoundError,
+    ArtifactRef,
+    ArtifactStore,
+    Lineage,
+    parse_root,
+)
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -30,7 +39,9 @@ def publish(
     code_version: str | None,
     run_id: str | None = None,
 ) -> ArtifactRef:
-    """Publish the trained parameters with metrics, config, lineage and learning curve.
+    """Publish the trained parameters with metrics, config, lineage, learning curve and the
+    evaluation's pictures (``flows.pictures``; a warm-started run's adaptation curve shows
+    its parent's beside its own).
 
     Publishing again for the same ``run_id`` (the run directory's name: a retried task, a
     resumed run), or without one for the same ``flow_run_id``, returns the version the
@@ -63,7 +74,9 @@ def publish(
         *learner_state_files(trained.learner_state),
         (EVALUATION_FILE, (json.dumps(report.to_dict(), indent=2) + "\n").encode()),
     ]
-    return ArtifactStore(cfg.artifacts.root).publish(
+    store = ArtifactStore(cfg.artifacts.root)
+    files += picture_files(cfg.artifacts.name, report, _parent_evaluation(store, trained.parent))
+    return store.publish(
         cfg.artifacts.name,
         trained.learner_state["params"],
         metrics=metrics,
@@ -75,6 +88,17 @@ def publish(
     )
 
 
+def _parent_evaluation(store: ArtifactStore, parent: str | None) -> tuple[str, Any] | None:
+    """``(parent, its evaluation.json)`` for ``adaptation.png``; None without a parent or
+    when the parent holds no evaluation (published by another tool)."""
+    if parent is None:
+        return None
+    try:
+        return parent, json.loads(store.read_file(parent, EVALUATION_FILE))
+    except ArtifactNotFoundError:
+        return None
+
+
 def prefect_artifact_keys(name: str) -> dict[str, str]:
     """Keys of the Prefect artifacts of ``name`` (lowercase letters, digits and dashes)."""
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "artifact"
@@ -84,6 +108,16 @@ def prefect_artifact_keys(name: str) -> dict[str, str]:
         "markdown": f"{slug}-report",
         "progress": f"{slug}-training-progress",
     }
+
+
+def consumer_snippet(ref: ArtifactRef, store_root: str) -> str:
+    """One line of Python that loads the version's parameters, on any machine that can reach
+    the store (``pip install offmeta`` is enough: no Ray, no Prefect)."""
+    root = str(parse_root(store_root))
+    return (
+        f"from pipeline.artifacts import ArtifactStore; "
+        f"params = ArtifactStore({root!r}).load_params({str(ref)!r})"
+    )
 
 
 def show_in_prefect(
@@ -99,9 +133,10 @@ def show_in_prefect(
     keys = prefect_artifact_keys(ref.name)
     create_link_artifact(
         link=ref.uri,
-        link_text=f"{ref} manifest",
+        link_text=f"{ref} manifest ({ref.uri})",
         key=keys["link"],
-        description=f"Published version {ref} in the artifact store {store_root}",
+        description=f"Published version {ref} in the artifact store {parse_root(store_root)}; "
+        f"load it with `{consumer_snippet(ref, store_root)}`",
     )
     create_table_artifact(
         table=report.table(),
@@ -131,7 +166,10 @@ def _markdown(
         [
             f"# {ref}",
             "",
-            f"Published to `{store_root}` ([manifest]({ref.uri})); params digest `{ref.digest}`.",
+            f"Published to `{parse_root(store_root)}` ([manifest]({ref.uri})); params digest "
+            f"`{ref.digest}`.",
+            "",
+            f"Load it anywhere the store is reachable: `{consumer_snippet(ref, store_root)}`",
             "",
             f"- parent: `{trained.parent or 'none'}`",
             f"- iterations: {trained.iterations} ({resumed}); weights_seq_no "
@@ -142,7 +180,31 @@ def _markdown(
             "",
             *table,
             "",
-            "The learning curve (`learning_curve.png`, `history.json`) is stored with the "
-            f"version: `offmeta artifacts export {ref} DIR --root {store_root}`.",
+            "## Pictures",
+            "",
+            *_picture_lines(ref, store_root),
         ]
     )
+
+
+def _picture_lines(ref: ArtifactRef, store_root: str) -> list[str]:
+    """Markdown naming each stored picture, its data file and where the version keeps them."""
+    described = {
+        "learning_curve.png": "training losses, gradient norm and learned inner learning rates "
+        "by meta-iteration",
+        "adaptation.png": "held-out query loss against inner steps (and the parent's)",
+        "rollouts.png": "episodes of the unadapted, adapted and expert policies on four "
+        "held-out goals",
+    }
+    files = ArtifactStore(store_root).get(str(ref)).files
+    lines = [
+        f"- `{png}` ({text}; data: `{png.removesuffix('.png')}.json`)"
+        for png, text in described.items()
+        if png in files
+    ]
+    return [
+        *lines,
+        "",
+        f"They are files of `{ref}` in the artifact store `{store_root}`; write them out with "
+        f"`offmeta artifacts export {ref} DIR --root {store_root}`.",
+    ]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from learners.meta import MetaLearner
-from learners.training import History
+from learners.training import ITERATION, History
 from pipeline.checkpoints import CheckpointError, read_shard, shard_ranks
 from pipeline.streams import LearnerStream
 
@@ -31,7 +31,7 @@ class TrainResult:
     learner_state: dict[str, Any]
     """``MetaLearner.get_state()`` after the last iteration (rebuild with ``from_state``)."""
     history: History
-    """Learning curve: metric -> value at each logged iteration."""
+    """Learning curve: ``iteration`` and each metric's value there (``learners.training``)."""
     iterations: int
     weights_seq_no: int
     final_metrics: dict[str, float]
@@ -124,7 +124,7 @@ def train_result(
         history=history,
         iterations=iterations,
         weights_seq_no=lead["learner"]["weights_seq_no"],
-        final_metrics={name: values[-1] for name, values in history.items()},
+        final_metrics={name: values[-1] for name, values in history.items() if name != ITERATION},
         parent=lead["parent"],
         resumed_from=resumed_from,
         checkpoint=final_checkpoint,

@@ -29,6 +29,7 @@ from pipeline.artifacts import ArtifactNotFoundError, ArtifactStore
 from pipeline.checkpoints import latest_checkpoint, save_checkpoint
 from pipeline.dataset import Episodes
 from pipeline.streams import split_for_learners
+from pipeline.task_windows import TaskWindows
 from pipeline.tasks import TaskSamples, task_samples
 
 _log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ def train(
             stop=training.iterations,
             log_every=training.log_every,
             checkpoint_every=training.checkpoint_every,
+            history_every=training.history_every,
             history=history,
             on_log=progress,
             on_checkpoint=save,
@@ -115,7 +117,7 @@ def train(
 
 def build_task_samples(
     cfg: MetaTrainConfig, data: Episodes, logger: logging.Logger | logging.LoggerAdapter
-) -> TaskSamples:
+) -> TaskSamples | TaskWindows:
     """The training task samples ``cfg.tasks`` asks for, summarised in the log (with a
     warning when tasks smaller than K + Q were left out)."""
     tasks = cfg.tasks
@@ -123,8 +125,11 @@ def build_task_samples(
         data,
         support=tasks.support,
         query=tasks.query,
-        modules_to_update=cfg.learners.trained_modules,
+        modules_to_update=cfg.learners.data_modules,
         skip_small_tasks=tasks.skip_small_tasks,
+        gamma=cfg.data.gamma,
+        mode=tasks.mode,
+        memory_budget_mb=tasks.memory_budget_mb,
     )
     logger.info("task samples: %s", samples.summary())
     if samples.skipped_tasks:

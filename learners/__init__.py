@@ -17,6 +17,7 @@ from learners.inner_optim import InnerOptimizer, global_norm, init_log_lrs, lrs_
 from learners.losses import (
     LOSSES,
     LossFn,
+    ModuleCall,
     cross_entropy_loss,
     gaussian_nll_loss,
     mse_loss,
@@ -53,6 +54,7 @@ __all__ = [
     "MetaLearner",
     "MetricsLogger",
     "ModelConfig",
+    "ModuleCall",
     "ModuleSpec",
     "NonFiniteGradientError",
     "OuterConfig",

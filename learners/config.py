@@ -10,80 +10,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-DEFAULT_MODULE_ID = "default_policy"
+from learners.macaw_config import MacawConfig, resolve_macaw
+from learners.module_config import DEFAULT_MODULE_ID, ModelConfig, ModuleSpec
+
+__all__ = [
+    "DEFAULT_MODULE_ID",
+    "InnerConfig",
+    "MacawConfig",
+    "MetaConfig",
+    "ModelConfig",
+    "ModuleSpec",
+    "OuterConfig",
+]
 
 _STRICT = ConfigDict(extra="forbid")
-
-# Which head each built-in loss can train; user losses ("package.module:function") accept any.
-_LOSS_HEADS = {
-    "mse": ("deterministic", "gaussian"),
-    "gaussian_nll": ("gaussian",),
-    "cross_entropy": ("categorical",),
-}
-
-
-class ModelConfig(BaseModel):
-    """A multi-layer perceptron from flattened observations to the head's outputs."""
-
-    model_config = _STRICT
-
-    hidden_sizes: tuple[int, ...] = Field(
-        (40, 40), description="Width of each hidden layer, input side first; () is linear."
-    )
-    activation: Literal["relu", "tanh", "gelu", "elu", "silu"] = Field(
-        "relu", description="Non-linearity after every hidden layer."
-    )
-    head: Literal["deterministic", "gaussian", "categorical"] = Field(
-        "deterministic",
-        description=(
-            "deterministic: one output per action dimension (regression, MSE cloning); "
-            "gaussian: mean per action dimension plus a learned state-independent log-std; "
-            "categorical: one logit per discrete action."
-        ),
-    )
-    log_std_init: float = Field(0.0, description="Initial log standard deviation (gaussian head).")
-
-    @field_validator("hidden_sizes")
-    @classmethod
-    def _positive_widths(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
-        if any(size < 1 for size in sizes):
-            raise ValueError(f"every hidden size must be >= 1, got {list(sizes)}")
-        return sizes
-
-
-class ModuleSpec(BaseModel):
-    """One trainable module (policy, agent or regressor): its sizes, model and loss."""
-
-    model_config = _STRICT
-
-    obs_dim: int = Field(ge=1, description="Observation size after flattening each row.")
-    action_dim: int = Field(
-        ge=1,
-        description="Continuous heads: action (target) size; categorical head: number of actions.",
-    )
-    model: ModelConfig = Field(default_factory=ModelConfig, description="The module's network.")
-    loss: str = Field(
-        "mse",
-        description=(
-            "Built-in loss (mse, gaussian_nll, cross_entropy) or a user function given as "
-            "'package.module:function' taking (outputs, batch_for_module) -> scalar tensor."
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _loss_fits_head(self) -> ModuleSpec:
-        heads = _LOSS_HEADS.get(self.loss)
-        if heads is None and ":" not in self.loss:
-            raise ValueError(
-                f"unknown loss {self.loss!r}: expected one of {sorted(_LOSS_HEADS)} "
-                "or a user function written 'package.module:function'"
-            )
-        if heads is not None and self.model.head not in heads:
-            raise ValueError(
-                f"loss {self.loss!r} cannot train a {self.model.head!r} head; "
-                f"use head {' or '.join(repr(h) for h in heads)}"
-            )
-        return self
 
 
 class InnerConfig(BaseModel):
@@ -160,6 +100,21 @@ class OuterConfig(BaseModel):
             "meta-parameters, the optimizer and weights_seq_no unchanged."
         ),
     )
+    module_lr: dict[str, float] = Field(
+        default_factory=dict,
+        description="Outer learning rate of a module's parameters in place of lr, by module id.",
+    )
+    log_lr_lr: float | None = Field(
+        None, gt=0, description="Outer learning rate of the learned log inner rates (null: lr)."
+    )
+
+    @field_validator("module_lr")
+    @classmethod
+    def _positive_module_lrs(cls, lrs: dict[str, float]) -> dict[str, float]:
+        bad = {m: lr for m, lr in lrs.items() if not lr > 0}
+        if bad:
+            raise ValueError(f"module_lr values must be > 0, got {bad}")
+        return lrs
 
 
 # The inner flags each algorithm implies: (first_order, allowed learned_lr values, default).
@@ -167,6 +122,7 @@ _ALGORITHMS = {
     "maml": (False, ("none",), "none"),
     "fomaml": (True, ("none",), "none"),
     "metasgd": (None, ("scalar", "tensor", "element"), "element"),
+    "macaw": (False, ("none", "scalar", "tensor", "element"), "tensor"),
 }
 
 
@@ -175,11 +131,13 @@ class MetaConfig(BaseModel):
 
     model_config = _STRICT
 
-    algorithm: Literal["maml", "fomaml", "metasgd"] = Field(
+    algorithm: Literal["maml", "fomaml", "metasgd", "macaw"] = Field(
         "maml",
         description=(
             "maml: second-order MAML; fomaml: first-order MAML (inner.first_order=True); "
-            "metasgd: meta-trained inner learning rates (inner.learned_lr, default 'element')."
+            "metasgd: meta-trained inner learning rates (inner.learned_lr, default 'element'); "
+            "macaw: value function then advantage-weighted policy in the inner loop, learned "
+            "per-tensor inner rates (see the macaw section)."
         ),
     )
     modules: dict[str, ModuleSpec] = Field(
@@ -191,6 +149,9 @@ class MetaConfig(BaseModel):
     )
     inner: InnerConfig = Field(default_factory=InnerConfig, description="Inner update rule.")
     outer: OuterConfig = Field(default_factory=OuterConfig, description="Outer optimizer.")
+    macaw: MacawConfig | None = Field(
+        None, description="MACAW's settings (algorithm macaw; defaults filled in)."
+    )
     vectorize: Literal["vmap", "loop"] = Field(
         "vmap", description="vmap over the task dimension (fast) or a per-task loop (fallback)."
     )
@@ -222,6 +183,7 @@ class MetaConfig(BaseModel):
 
     @model_validator(mode="after")
     def _resolve(self) -> MetaConfig:
+        _check_data_modules(self.modules)
         if self.modules_to_update is not None:
             unknown = [m for m in self.modules_to_update if m not in self.modules]
             if unknown or not self.modules_to_update:
@@ -250,6 +212,13 @@ class MetaConfig(BaseModel):
             )
         if update:
             self.inner = self.inner.model_copy(update=update)
+        if self.algorithm == "macaw":
+            resolve_macaw(self)
+        elif self.macaw is not None:
+            raise ValueError(
+                f"the macaw section applies to algorithm 'macaw', not {self.algorithm!r}; "
+                "drop it or set algorithm: macaw"
+            )
         return self
 
     @property
@@ -257,3 +226,22 @@ class MetaConfig(BaseModel):
         """Module ids meta-trained, in the order of `modules`."""
         chosen = self.modules_to_update
         return [m for m in self.modules if chosen is None or m in chosen]
+
+    @property
+    def data_modules(self) -> list[str]:
+        """Module ids whose rows the trained modules read (a meta-batch holds these), in the
+        order of `modules`."""
+        read = {self.modules[m].data_module or m for m in self.trained_modules}
+        return [m for m in self.modules if m in read]
+
+
+def _check_data_modules(modules: dict[str, ModuleSpec]) -> None:
+    for module_id, spec in modules.items():
+        source = spec.data_module
+        if source is None:
+            continue
+        if source == module_id or source not in modules or modules[source].data_module:
+            raise ValueError(
+                f"module {module_id!r} has data_module {source!r}; expected another module of "
+                f"{sorted(modules)} that reads its own rows"
+            )

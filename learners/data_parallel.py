@@ -84,8 +84,8 @@ class CrossWorkerMetrics(MetricsLogger):
     result. ``reduce(with_counts=True)`` stays this worker's own.
     """
 
-    def reduce(self, *, with_counts: bool = False) -> dict[str, Any]:
-        local = super().reduce(with_counts=True)
+    def reduce(self, *, with_counts: bool = False, reset: bool = True) -> dict[str, Any]:
+        local = super().reduce(with_counts=True, reset=reset)
         return local if with_counts else merge_reduced(gather(local))
 
 

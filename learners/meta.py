@@ -1,10 +1,11 @@
-"""The meta (outer) learner: MAML, first-order MAML and Meta-SGD over task meta-batches.
+"""The meta (outer) learner: MAML, first-order MAML, Meta-SGD and MACAW over task meta-batches.
 
 One meta-step: for every task, adapt the meta-parameters on its support set with the inner
-rule (`DifferentiableLearner.update`), take the loss of the adapted parameters on its query
-set, average over tasks, back-propagate into the meta-parameters (and learned learning
-rates) and step the outer torch optimizer. Tasks run under `torch.func.vmap` by default; the
-per-task loop computes the same gradient and serves as fallback and reference.
+rule (`learners.inner_rule`: one or more phases of `DifferentiableLearner.update`), take the
+outer loss of the adapted parameters on its query set, average over tasks, back-propagate
+into the meta-parameters (and learned learning rates) and step the outer torch optimizer.
+Tasks run under `torch.func.vmap` by default; the per-task loop computes the same gradient
+and serves as fallback and reference.
 
 `step` never waits for the device: a non-finite value met under an `error` policy halts
 the learner (nothing changes from that step on) and `check_finite` raises it at the next
@@ -24,9 +25,8 @@ from torch import Tensor, nn
 
 from learners.compiled_step import CompiledMetaStep, MetaStepParts
 from learners.config import MetaConfig
-from learners.differentiable import DifferentiableLearner
 from learners.inner_optim import init_log_lrs, lrs_from_log
-from learners.losses import resolve_loss
+from learners.inner_rule import build_inner_rule
 from learners.meta_batch import MetaBatch, check_meta_batch, task_slice
 from learners.metrics import MetricsLogger
 from learners.models import build_models
@@ -101,10 +101,7 @@ class MetaLearner:
             for p in named.values():
                 p.requires_grad_(module_id in self._trained)
         self._buffers = to_device(buffers_from_modules(self._models), self.device, dtype)
-        losses = {m: resolve_loss(cfg.modules[m].loss) for m in self._trained}
-        self.inner = DifferentiableLearner(
-            self._models, cfg.inner, losses, buffers=self._buffers, modules_to_update=self._trained
-        )
+        self._rule = build_inner_rule(cfg, self._models, self._buffers)
         self._log_lrs = init_log_lrs(
             self._params, cfg.inner.learned_lr, cfg.inner.lr, self._trained
         )
@@ -112,7 +109,7 @@ class MetaLearner:
             log_lr.requires_grad_(True)
         self._leaves = [p for m in self._trained for p in self._params[m].values()]
         self._leaves += list(self._log_lrs.values())
-        self._optimizer = _outer_optimizer(cfg, self._leaves)
+        self._optimizer = _outer_optimizer(cfg, self._params, self._log_lrs)
         self.metrics = metrics if metrics is not None else MetricsLogger()
         self._vmapped_task = torch.func.vmap(
             self._task_objective, in_dims=(None, None, 0, 0), randomness="different"
@@ -240,8 +237,10 @@ class MetaLearner:
         if steps == 0:
             return detach_params(params)
         with torch.no_grad():
-            result = self.inner.update(params, support, lrs=self._current_lrs(), steps=steps)
-        return detach_params(result.params)
+            adapted, _ = self._rule.adapt(
+                params, self._rule.expand(support), lrs=self._current_lrs(), steps=steps
+            )
+        return detach_params(adapted)
 
     def evaluate(
         self, meta_batch: MetaBatch, steps: Iterable[int] = (0, 1, 5, 10)
@@ -251,10 +250,19 @@ class MetaLearner:
         No gradient reaches the meta-parameters (adaptation differentiates only the
         adapted copies).
         """
+        per_task = self.evaluate_tasks(meta_batch, steps)
+        curves = torch.stack(list(per_task.values()), dim=1)
+        return dict(zip(per_task, curves.mean(0).tolist(), strict=True))
+
+    def evaluate_tasks(
+        self, meta_batch: MetaBatch, steps: Iterable[int] = (0, 1, 5, 10)
+    ) -> dict[int, Tensor]:
+        """`evaluate` before the mean: each task's query loss (a `[tasks]` tensor, in the
+        meta-batch's task order) for each number of `steps`, in increasing order."""
         wanted = sorted(set(steps))
         if not wanted or wanted[0] < 0:
             raise ValueError(f"steps must be non-negative integers, got {list(steps)}")
-        support, query, num_tasks = check_meta_batch(meta_batch, self._trained)
+        support, query, num_tasks = self._prepare(meta_batch)
         params = detach_params(self._params)
         lrs = self._current_lrs()
         with torch.no_grad():
@@ -273,7 +281,7 @@ class MetaLearner:
                         for i in range(num_tasks)
                     ]
                 )
-        return dict(zip(wanted, curves.mean(0).tolist(), strict=True))
+        return dict(zip(wanted, curves.unbind(1), strict=True))
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to rebuild this learner and continue exactly (`from_state`);
@@ -344,8 +352,10 @@ class MetaLearner:
         return learner
 
     def _prepare(self, meta_batch: MetaBatch) -> tuple[Batch, Batch, int]:
-        """(support, query, number of tasks) of a meta-batch checked at the boundary."""
-        return check_meta_batch(meta_batch, self._trained)
+        """(support, query, number of tasks) of a meta-batch checked at the boundary, each
+        module's rows expanded to the modules that read them (``learners.inner_rule``)."""
+        support, query, num_tasks = check_meta_batch(meta_batch, self.config.data_modules)
+        return self._rule.expand(support), self._rule.expand(query), num_tasks
 
     def _outcome(
         self, aux: dict[str, dict[str, Tensor]], num_tasks: int
@@ -398,16 +408,16 @@ class MetaLearner:
         """One task's summed query loss (the meta-objective) and, per module, its detached
         aux values by name (`_AUX`); under vmap every value gains a leading task dimension."""
         lrs = lrs_from_log(log_lrs, params, self.config.inner.learned_lr) if log_lrs else None
-        result = self.inner.update(params, support, lrs=lrs)
-        query_losses = self.inner.compute_losses(result.params, query)
+        adapted, inner = self._rule.adapt(params, support, lrs=lrs)
+        query_losses = self._rule.outer_losses(adapted, query)
         with torch.no_grad():
-            after = self.inner.compute_losses(detach_params(result.params), support)
+            after = self._rule.inner_losses(detach_params(adapted), support)
         aux = {
             m: {
                 "query_loss": query_losses[m].detach(),
-                "support_loss_before": result.metrics[m]["loss_before"],
+                "support_loss_before": inner[m]["loss_before"],
                 "support_loss_after": after[m],
-                "nonfinite": result.metrics[m]["nonfinite"],
+                "nonfinite": inner[m]["nonfinite"],
             }
             for m in query_losses
         }
@@ -416,16 +426,14 @@ class MetaLearner:
     def _adapt_curve(
         self, params: Params, lrs: Params | None, support: Batch, query: Batch, steps: list[int]
     ) -> Tensor:
-        losses, state, done = [], None, 0
+        # Each point adapts from the meta-parameters: with several phases, k steps mean k
+        # steps of each phase in turn, which continuing from k - 1 steps would not give.
+        losses = []
         for target in steps:
-            if target > done:
-                result = self.inner.update(
-                    params, support, opt_state=state, lrs=lrs, steps=target - done
-                )
-                params, state, done = result.params, result.opt_state, target
-            losses.append(
-                torch.stack(list(self.inner.compute_losses(params, query).values())).sum()
+            adapted = (
+                self._rule.adapt(params, support, lrs=lrs, steps=target)[0] if target else params
             )
+            losses.append(torch.stack(list(self._rule.outer_losses(adapted, query).values())).sum())
         return torch.stack(losses)
 
     def _task_metrics(
@@ -466,12 +474,24 @@ def _grad_of(leaf: Tensor) -> Tensor:
     return leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
 
 
-def _outer_optimizer(config: MetaConfig, leaves: list[Tensor]) -> torch.optim.Optimizer:
+def _outer_optimizer(
+    config: MetaConfig, params: Params, log_lrs: dict[str, Tensor]
+) -> torch.optim.Optimizer:
+    """The outer optimizer, one parameter group per learning rate in the leaves' order
+    (`outer.module_lr`, `outer.log_lr_lr`); one group when every leaf shares `outer.lr`."""
     outer = config.outer
+    groups: dict[float, list[Tensor]] = {}
+    for module_id in config.trained_modules:
+        lr = outer.module_lr.get(module_id, outer.lr)
+        groups.setdefault(lr, []).extend(params[module_id].values())
+    if log_lrs:
+        lr = outer.log_lr_lr if outer.log_lr_lr is not None else outer.lr
+        groups.setdefault(lr, []).extend(log_lrs.values())
+    param_groups = [{"params": leaves, "lr": lr} for lr, leaves in groups.items()]
     if outer.optimizer == "adam":
         return torch.optim.Adam(
-            leaves, lr=outer.lr, betas=outer.betas, weight_decay=outer.weight_decay
+            param_groups, lr=outer.lr, betas=outer.betas, weight_decay=outer.weight_decay
         )
     return torch.optim.SGD(
-        leaves, lr=outer.lr, momentum=outer.momentum, weight_decay=outer.weight_decay
+        param_groups, lr=outer.lr, momentum=outer.momentum, weight_decay=outer.weight_decay
     )

@@ -167,15 +167,17 @@ class MetricsLogger:
             raise KeyError(f"no metric {key!r}; logged: {sorted(self._own())}")
         return stat.result()[0]
 
-    def reduce(self, *, with_counts: bool = False) -> dict[str, Any]:
-        """Every key's reduced value (keys relative to this scope); resets `sum`/`throughput`.
+    def reduce(self, *, with_counts: bool = False, reset: bool = True) -> dict[str, Any]:
+        """Every key's reduced value (keys relative to this scope); resets `sum`/`throughput`
+        unless `reset=False` (a reader between two log points must not shorten their period).
 
         With `with_counts`, each value is `{"value", "count", "reduce"}` for `merge_reduced`.
         """
         out: dict[str, Any] = {}
         for key, stat in self._own().items():
             value, count = stat.result()
-            stat.reset_period()
+            if reset:
+                stat.reset_period()
             out[key] = (
                 {"value": value, "count": count, "reduce": stat.reduce} if with_counts else value
             )

@@ -1,7 +1,9 @@
 """The MLP model family: flattened observations in, one of three heads out.
 
-Heads: deterministic (a tensor `[B, action_dim]`), categorical (logits `[B, num_actions]`) and
-gaussian (a dict with `mean` `[B, action_dim]` and a state-independent `log_std`, clamped).
+Heads: deterministic (a tensor `[B, action_dim]`), categorical (logits `[B, num_actions]`),
+gaussian (a dict with `mean` `[B, action_dim]` and a state-independent `log_std`, clamped) and
+mean_advantage (a dict with `mean`, plus `advantage` `[B, 1]` when actions are given: MACAW's
+policy with its advantage-regression head).
 Models are built from config under a fixed seed without disturbing the global RNG, so the same
 config always gives the same initial parameters.
 """
@@ -73,12 +75,49 @@ class GaussianMLP(nn.Module):
         return {"mean": mean, "log_std": log_std}
 
 
+class MeanAdvantageMLP(nn.Module):
+    """An MLP for the action mean with a second head that predicts the advantage of a given
+    action from the last hidden layer's features and the action (Mitchell et al. 2021,
+    "Offline Meta-Reinforcement Learning with Advantage Weighting", section 4.2)."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        action_dim: int,
+        hidden_sizes: tuple[int, ...] = (40, 40),
+        activation: str = "relu",
+        advantage_hidden_sizes: tuple[int, ...] = (32,),
+    ) -> None:
+        super().__init__()
+        if not hidden_sizes:
+            raise ValueError("head 'mean_advantage' needs at least one hidden layer")
+        trunk = MLP(in_dim, hidden_sizes[-1], hidden_sizes[:-1], activation)
+        self.trunk = nn.Sequential(*trunk.layers, _ACTIVATIONS[activation]())
+        self.mean = nn.Linear(hidden_sizes[-1], action_dim)
+        self.advantage = MLP(hidden_sizes[-1] + action_dim, 1, advantage_hidden_sizes, activation)
+
+    def forward(self, obs: Tensor, actions: Tensor | None = None) -> dict[str, Tensor]:
+        features = self.trunk(obs)
+        outputs = {"mean": self.mean(features)}
+        if actions is not None:
+            outputs["advantage"] = self.advantage(torch.cat((features, actions), dim=-1))
+        return outputs
+
+
 def build_model(spec: ModuleSpec) -> nn.Module:
     """The network a module spec describes (initialised from the current global RNG)."""
     model: ModelConfig = spec.model
     if model.head == "gaussian":
         return GaussianMLP(
             spec.obs_dim, spec.action_dim, model.hidden_sizes, model.activation, model.log_std_init
+        )
+    if model.head == "mean_advantage":
+        return MeanAdvantageMLP(
+            spec.obs_dim,
+            spec.action_dim,
+            model.hidden_sizes,
+            model.activation,
+            model.advantage_hidden_sizes,
         )
     return MLP(spec.obs_dim, spec.action_dim, model.hidden_sizes, model.activation)
 

@@ -17,7 +17,12 @@ from learners.meta_batch import MetaBatch
 from learners.prefetch import Prefetcher
 
 History = dict[str, list[float]]
-"""Metric name -> value at each logged iteration (``log_every`` apart, plus the last one)."""
+"""The learning curve: ``"iteration"`` -> the meta-iterations it was recorded after
+(``history_every`` apart, plus the last one), and metric name -> its value at each of them:
+the learner's metrics window (mean of the last meta-steps), not one step's value."""
+
+ITERATION = "iteration"
+"""The history's x axis: meta-iterations (int) at which the metrics were recorded."""
 
 HISTORY_METRICS = (
     "query_loss",
@@ -25,6 +30,8 @@ HISTORY_METRICS = (
     "support_loss_after",
     "grad_norm",
     "inner_lr_mean",
+    "inner_lr_min",
+    "inner_lr_max",
 )
 """Metrics kept in the learning curve: those that depend only on the data and the
 parameters (never on time), so a resumed run's history equals an uninterrupted one's."""
@@ -44,6 +51,7 @@ def run_meta_training(
     stop: int,
     log_every: int,
     checkpoint_every: int,
+    history_every: int | None = None,
     history: History | None = None,
     on_log: OnLog | None = None,
     on_checkpoint: OnCheckpoint | None = None,
@@ -53,11 +61,18 @@ def run_meta_training(
 
     ``meta_batches`` must hold at least ``stop - start`` meta-batches; only that many are
     read. ``history`` is the one saved with the checkpoint taken at ``start`` (None when
-    starting fresh); it is extended, not copied. ``prefetch`` > 0 reads up to that many
+    starting fresh); it is extended, not copied, every ``history_every`` iterations (None:
+    at the log points) and after the last one. ``prefetch`` > 0 reads up to that many
     meta-batches ahead in a thread (``learners.prefetch``), never past the next checkpoint:
     when ``on_checkpoint`` runs, exactly the meta-batches stepped have been read.
     """
-    for name, value in (("log_every", log_every), ("checkpoint_every", checkpoint_every)):
+    history_every = log_every if history_every is None else history_every
+    cadences = (
+        ("log_every", log_every),
+        ("checkpoint_every", checkpoint_every),
+        ("history_every", history_every),
+    )
+    for name, value in cadences:
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if not 0 <= start <= stop:
@@ -92,14 +107,19 @@ def run_meta_training(
             last = iteration == stop
             checkpoint = on_checkpoint is not None and (iteration % checkpoint_every == 0 or last)
             logging = iteration % log_every == 0 or last
-            if checkpoint or logging:
+            recording = iteration % history_every == 0 or last
+            if checkpoint or logging or recording:
                 # The steps never wait for the device; their non-finite verdicts are read here.
                 learner.check_finite()
+            if recording:
+                # Not resetting: sums and throughputs belong to the log lines' periods.
+                current = learner.metrics.reduce(reset=False)
+                history.setdefault(ITERATION, []).append(iteration)
+                for name in HISTORY_METRICS:
+                    if name in current:
+                        history.setdefault(name, []).append(float(current[name]))
             if logging:
                 reduced = learner.metrics.reduce()
-                for name in HISTORY_METRICS:
-                    if name in reduced:
-                        history.setdefault(name, []).append(float(reduced[name]))
                 if on_log is not None:
                     on_log(iteration, reduced)
             if checkpoint:

@@ -10,6 +10,7 @@ arrays) and ``t`` as int32.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -22,15 +23,16 @@ import pyarrow.fs as pafs
 
 from pipeline.episode_checks import check_episodes
 from pipeline.metadata import check_metadata, check_task_ids, load_metadata
+from pipeline.parquet_files import map_files
 from pipeline.ray_logging import quiet_ray
 from pipeline.schema import EpisodeSchema
-from pipeline.sources import METADATA_FILE, ResolvedSource, Source, resolve_source
+from pipeline.sources import METADATA_FILE, ResolvedSource, Source, resolve_source, uri_of
 from pipeline.validation import build_schema, check_column_map, check_nulls, read_footers
 
 if TYPE_CHECKING:
     import ray.data
 
-_HASH_CHUNK = 8 << 20
+_HASH_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class DatasetInfo:
     """sha256 hex digest of the files and ``dataset.json`` (see data/README.md)."""
     files: tuple[str, ...]
     """Sorted paths on ``filesystem``."""
+    file_sizes: tuple[int, ...]
+    """Bytes on disk of each of ``files``, as validated and fingerprinted."""
+    file_rows: tuple[int, ...]
+    """Rows of each of ``files``, from their footers."""
     num_rows: int
     num_episodes: int
     """Distinct ``eps_id`` values."""
@@ -63,7 +69,7 @@ class DatasetInfo:
         return {
             "id": self.metadata.get("id"),
             "split": self.metadata.get("split"),
-            "root": self.root,
+            "root": uri_of(self.filesystem, self.root),
             "files": len(self.files),
             "rows": self.num_rows,
             "episodes": self.num_episodes,
@@ -109,11 +115,14 @@ def inspect_episodes(
     ids = check_episodes(resolved, schema, allow_partial_episodes=allow_partial_episodes)
     if metadata is not None:
         check_task_ids(metadata, resolved, ids.task_ids)
+    fingerprint, sizes = _fingerprint(resolved, metadata_bytes)
     return DatasetInfo(
         schema=schema,
         metadata=_json_document(metadata_bytes),
-        fingerprint=_fingerprint(resolved, metadata_bytes),
+        fingerprint=fingerprint,
         files=resolved.files,
+        file_sizes=sizes,
+        file_rows=tuple(rows_per_file[path] for path in resolved.files),
         num_rows=sum(rows_per_file.values()),
         num_episodes=ids.num_episodes,
         task_ids=ids.task_ids,
@@ -133,11 +142,12 @@ def read_episodes(
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
 
-    The Ray Dataset reads exactly the validated files, renames columns to their canonical
-    names and normalises types; it starts Ray (or joins the running session) on first use.
-    Ray's INFO output is silenced unless ``OFFMETA_VERBOSE=1`` (``pipeline.ray_logging``).
+    The Ray Dataset reads exactly the validated files, in groups of files per read task
+    (``pipeline.grouped_read``), renames columns to their canonical names and normalises
+    types; it starts Ray (or joins the running session) on first use. Ray's INFO output is
+    silenced unless ``OFFMETA_VERBOSE=1`` (``pipeline.ray_logging``).
     """
-    import ray.data
+    from pipeline.grouped_read import read_grouped
 
     quiet_ray()
     info = inspect_episodes(
@@ -146,13 +156,7 @@ def read_episodes(
         filesystem=filesystem,
         allow_partial_episodes=allow_partial_episodes,
     )
-    dataset = ray.data.read_parquet(
-        list(info.files),
-        filesystem=info.filesystem,
-        # Files are already chosen; Ray must neither drop nor add (hive partition) columns.
-        file_extensions=None,
-        partitioning=None,
-    )
+    dataset = read_grouped(info.files, info.file_sizes, info.file_rows, info.filesystem)
     fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
     return Episodes(**fields, dataset=to_canonical(info, dataset))
 
@@ -160,7 +164,7 @@ def read_episodes(
 def to_canonical(info: DatasetInfo, dataset: ray.data.Dataset) -> ray.data.Dataset:
     """``dataset``, a Ray read of ``info``'s validated files, with the canonical column
     names and types: the one place that renames and converts, for ``read_episodes`` and
-    for the streams' per-epoch reads."""
+    for the streams' per-epoch reads (``canonical_table`` does the same to one table)."""
     renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
     if renames:
         dataset = dataset.rename_columns(renames)
@@ -172,6 +176,15 @@ def to_canonical(info: DatasetInfo, dataset: ray.data.Dataset) -> ray.data.Datas
             zero_copy_batch=True,
         )
     return dataset
+
+
+def canonical_table(info: DatasetInfo, table: pa.Table) -> pa.Table:
+    """``table``, read from one of ``info``'s validated files, with the canonical column
+    names and types (as ``to_canonical`` gives them in a Ray Dataset)."""
+    renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
+    if renames:
+        table = table.rename_columns([renames.get(name, name) for name in table.column_names])
+    return _normalise_batch(table) if info.needs_normalising else table
 
 
 def _needs_normalising(types: Mapping[str, pa.DataType]) -> bool:
@@ -197,23 +210,31 @@ def _normalise_batch(batch: pa.Table) -> pa.Table:
     return batch
 
 
-def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> str:
+def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> tuple[str, tuple[int, ...]]:
     """sha256 over the sorted ``relative path, size, sha256 of the bytes`` lines of every
-    file, then ``dataset.json``'s bytes: any changed byte changes it, renames too."""
-    entries = []
-    for path in resolved.files:
-        digest, size = hashlib.sha256(), 0
-        with resolved.filesystem.open_input_stream(path) as stream:
-            while chunk := stream.read(_HASH_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-        entries.append((resolved.relative(path), size, digest.hexdigest()))
+    file, then ``dataset.json``'s bytes: any changed byte changes it, renames too. Also
+    each file's size, in the order of ``resolved.files``."""
+    hashed = map_files(functools.partial(_file_digest, resolved.filesystem), resolved.files)
+    entries = [
+        (resolved.relative(path), size, digest)
+        for path, (size, digest) in zip(resolved.files, hashed, strict=True)
+    ]
     total = hashlib.sha256()
     for relative, size, digest in sorted(entries):
         total.update(f"{relative}\t{size}\t{digest}\n".encode())
     if metadata_bytes:
         total.update(f"{METADATA_FILE}\t{len(metadata_bytes)}\t".encode() + metadata_bytes)
-    return total.hexdigest()
+    return total.hexdigest(), tuple(size for size, _ in hashed)
+
+
+def _file_digest(filesystem: pafs.FileSystem, path: str) -> tuple[int, str]:
+    """Size and sha256 hex digest of one file's bytes."""
+    digest, size = hashlib.sha256(), 0
+    with filesystem.open_input_stream(path) as stream:
+        while chunk := stream.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def _json_document(raw: bytes) -> dict[str, Any]:

@@ -35,19 +35,24 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from pipeline.batching import Batch, collate_minibatches, default_columns, module_codes
 from pipeline.dataset import to_canonical
-from pipeline.read_ahead import file_windows, read_ahead
-from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, DatasetError, EpisodeSchema
+from pipeline.parquet_files import file_sizes, group_files
+from pipeline.read_ahead import EpochReads
+from pipeline.returns import returns_index, split_derived
+from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, EpisodeSchema
 
 # The driver maps every block it reads, so its memory follows the blocks in flight: small
 # blocks and windows of files read one ahead keep a streamed epoch flat (Ray's defaults,
 # 128 MiB blocks and a budget of a fraction of the object store, let it grow with the
-# dataset). A window is cut by size on disk.
+# dataset). A window is cut by size on disk and read by tasks of at most 16 MiB of files (or
+# 1,024 small files, see pipeline.grouped_read): larger tasks run further ahead of the
+# consumer, and with 64 MiB tasks the driver's peak RSS streaming 2M rows from 16 MB files
+# was 5% higher (2-core machine).
 _STREAM_BLOCK_BYTES = 16 << 20
 _WINDOW_BYTES = 128 << 20
+_STREAM_TASK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,8 @@ class EpochSource(Protocol):
 class RowSource:
     """Row minibatches for ``learners`` learners from Arrow super-batches.
 
-    ``epoch_tables(epoch)`` returns a fresh iterator of super-batches for that epoch.
+    ``epoch_tables(epoch)`` returns a fresh iterator of super-batches for that epoch;
+    ``close`` stops whatever reads ahead of it (the next epoch's first window).
     Super-batch ``i`` of epoch ``e`` is shuffled with ``default_rng((seed + e, i))``: a
     position depends on nothing else, so rounds before a resume point are skipped
     without shuffling or collating them.
@@ -94,8 +100,10 @@ class RowSource:
         modules_to_update: Collection[str] | None,
         pin_memory: bool,
         exact: bool,
+        close: Callable[[], None] = lambda: None,
     ) -> None:
         self.exact = exact
+        self._close = close
         self._epoch_tables = epoch_tables
         self._learners = learners
         self._minibatch_size = minibatch_size
@@ -137,6 +145,10 @@ class RowSource:
             if close is not None:
                 close()
 
+    def close(self) -> None:
+        """Stop reading ahead (the next epoch's first window may be reading)."""
+        self._close()
+
     def describe_empty(self, epoch: int, rows: int) -> str:
         need = "one minibatch" if self._learners == 1 else f"{self._learners} minibatches"
         return (
@@ -163,9 +175,11 @@ def row_source(
     modules_to_update: Collection[str] | None,
     materialize: bool,
     pin_memory: bool,
+    gamma: float | None = None,
 ) -> RowSource:
     """A row source over ``Episodes``, or over a Ray ``DataIterator`` that is already one
-    learner's shard (Ray Train's ``get_dataset_shard``)."""
+    learner's shard (Ray Train's ``get_dataset_shard``). With ``gamma``, rows also carry
+    the columns derived at ingest (``pipeline.returns``), looked up by ``(eps_id, t)``."""
     import ray.data
     from ray.data.dataset import MaterializedDataset
     from ray.data.expressions import col
@@ -177,7 +191,13 @@ def row_source(
         "seed": seed,
         "pin_memory": pin_memory,
     }
+    columns, derived = split_derived(columns, gamma)
     if isinstance(source, ray.data.DataIterator):
+        if derived:
+            raise ValueError(
+                f"columns {list(derived)} are derived from whole episodes, which one "
+                "learner's shard does not hold; stream the Episodes (or use task_samples)"
+            )
         if learners != 1 or materialize:
             raise ValueError(
                 "a DataIterator is already one learner's shard, read as it comes: expected "
@@ -194,6 +214,7 @@ def row_source(
     chosen = resolve_columns(schema, columns)
     modules = check_modules(modules_to_update, tuple(source.module_ids))
     needed = [*chosen, *(["module_id"] if schema.has_module_id else [])]
+    needed = list(dict.fromkeys([*needed, *(["eps_id", "t"] if derived else [])]))
 
     def selected(dataset: ray.data.Dataset) -> ray.data.Dataset:
         dataset = dataset.select_columns(needed)
@@ -212,72 +233,58 @@ def row_source(
         # materialized after selecting, so that an epoch runs no task per block.
         cached = selected(ray.data.Dataset.copy(source.dataset, _deep_copy=True)).materialize()
 
-        def tables(epoch: int) -> Iterator[pa.Table]:
+        def windows(epoch: int) -> list[Callable[[], ray.data.Dataset]]:
             # Blocks already sit in the object store: shuffling their order is cheap.
-            shuffled = cached.randomize_block_order(seed=seed + epoch)
-            return cut_tables(read_ahead([lambda: shuffled]), superbatch_rows)
+            return [lambda: cached.randomize_block_order(seed=seed + epoch)]
 
     else:
-        files = list(source.files)
-        sizes = _file_sizes(files, source.filesystem)
+        sizes = file_sizes(source.files, source.filesystem)
 
-        def tables(epoch: int) -> Iterator[pa.Table]:
+        def windows(epoch: int) -> list[Callable[[], ray.data.Dataset]]:
             # A fresh read per epoch over the validated files in a seeded order, a window
-            # of files at a time (see pipeline.read_ahead). Ray's randomize_block_order
-            # would wait for the whole epoch to be read before handing out its first
-            # block; a file order streams from the first file.
-            order = np.random.default_rng(seed + epoch).permutation(len(files))
-            windows = file_windows(
-                [files[i] for i in order], [sizes[i] for i in order], _WINDOW_BYTES
-            )
-            reads = [
-                functools.partial(_read_window, source, window, selected) for window in windows
+            # of files at a time (see pipeline.read_ahead), each window read by tasks of
+            # grouped files (see pipeline.grouped_read). Ray's randomize_block_order would
+            # wait for the whole epoch to be read before handing out its first block; a
+            # file order streams from the first file.
+            order = np.random.default_rng(seed + epoch).permutation(len(sizes)).tolist()
+            return [
+                functools.partial(_read_window, source, order[w.start : w.stop], sizes, selected)
+                for w in group_files([sizes[i] for i in order], _WINDOW_BYTES)
             ]
-            return cut_tables(read_ahead(reads), superbatch_rows)
 
-    return RowSource(tables, columns=chosen, modules_to_update=modules, exact=True, **options)
+    # One read across epochs: the next epoch's first window reads while this one ends.
+    reads = EpochReads(windows)
 
+    def tables(epoch: int) -> Iterator[pa.Table]:
+        return cut_tables(reads.tables(epoch), superbatch_rows)
 
-def _read_parquet(files: list[str], filesystem: Any) -> Any:
-    """A Ray Dataset over ``files`` in this order, with Ray's first Parquet reader and
-    one read task per file.
-
-    Measured here (Ray 2.60, 2 cores, 5M rows in 10 files): the default reader
-    (``use_datasource_v2``) reads at a third to half the speed of this one and spends ~1 s
-    per execution listing files and starting its footer-reader actor, which a stream
-    pays every epoch. Left to itself, Ray also splits each file's output into 14-20
-    blocks to reach its default of 200 blocks per read; every block costs the driver's
-    scheduling loop a few milliseconds, so one task per file (whose blocks are then cut
-    only by size) reads the same rows in 0.7x the time with 40% of the driver CPU.
-    The reader is chosen per read, so nothing global changes.
-
-    ``ParquetDatasource`` lives in Ray's private ``ray.data._internal`` (checked against
-    Ray 2.60.0); this is the only place that imports it, so a Ray upgrade that moves it
-    breaks here and nowhere else.
-    """
-    import ray.data
-    from ray.data._internal.datasource.parquet_datasource import ParquetDatasource
-
-    datasource = ParquetDatasource(
-        files, filesystem=filesystem, partitioning=None, file_extensions=None
+    if derived:
+        assert gamma is not None  # split_derived refuses derived columns without it
+        tables = returns_index(source, gamma).wrap(tables, derived)
+    return RowSource(
+        tables,
+        columns=(*chosen, *derived),
+        modules_to_update=modules,
+        exact=True,
+        close=reads.close,
+        **options,
     )
-    return ray.data.read_datasource(datasource, override_num_blocks=len(files))
 
 
-def _file_sizes(files: list[str], filesystem: pafs.FileSystem) -> list[int]:
-    """Each file's size on disk, refusing a file that went away since validation."""
-    infos = filesystem.get_file_info(files)
-    gone = [info.path for info in infos if info.type != pafs.FileType.File]
-    if gone:
-        raise DatasetError(
-            f"{', '.join(gone)}: no longer a file; expected the files that read_episodes "
-            "validated (read the dataset again after changing it)"
-        )
-    return [info.size for info in infos]
+def _read_window(
+    source: Any, positions: list[int], sizes: list[int], selected: Callable[[Any], Any]
+) -> Any:
+    """The Dataset of one window: the files of ``source`` at ``positions``, in that order."""
+    from pipeline.grouped_read import read_grouped
 
-
-def _read_window(source: Any, files: list[str], selected: Callable[[Any], Any]) -> Any:
-    dataset = selected(to_canonical(source, _read_parquet(files, source.filesystem)))
+    dataset = read_grouped(
+        [source.files[i] for i in positions],
+        [sizes[i] for i in positions],
+        [source.file_rows[i] for i in positions],
+        source.filesystem,
+        target_bytes=_STREAM_TASK_BYTES,
+    )
+    dataset = selected(to_canonical(source, dataset))
     # A backstop for files far larger than a window (whose reads would otherwise run
     # ahead up to Ray's default budget, a fraction of the object store): twice the window
     # never holds back a window of ordinary files.

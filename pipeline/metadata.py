@@ -51,6 +51,17 @@ class GeneratorInfo(BaseModel):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
+class CompactedFrom(BaseModel):
+    """The dataset that ``offmeta data compact`` rewrote into this one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fingerprint: str
+    """The source's fingerprint (see data/README.md)."""
+    files: int
+    """How many files the source had."""
+
+
 class DatasetMetadata(BaseModel):
     """The content of ``dataset.json``."""
 
@@ -72,6 +83,8 @@ class DatasetMetadata(BaseModel):
     """Total rows of all files; checked when the whole dataset is read."""
     files: list[str] | None = None
     """Data files, relative to the directory of ``dataset.json``, in POSIX form."""
+    compacted_from: CompactedFrom | None = None
+    """Set by ``offmeta data compact``: the dataset these files were rewritten from."""
 
 
 def load_metadata(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
+from pipeline.s3_filesystem import SCHEME as S3_SCHEME
+from pipeline.s3_filesystem import s3_error, s3_filesystem
 from pipeline.schema import DatasetError
 
 METADATA_FILE = "dataset.json"
@@ -67,7 +69,12 @@ def resolve_source(source: Source, filesystem: pafs.FileSystem | None = None) ->
                 f"source {description!r} mixes filesystems ({fs.type_name} and "
                 f"{entry_fs.type_name}); expected every entry on one filesystem"
             )
-        found, is_directory = _expand(fs, path, os.fspath(entry))
+        try:
+            found, is_directory = _expand(fs, path, os.fspath(entry))
+        except OSError as exc:
+            if fs.type_name != "s3":
+                raise
+            raise s3_error(os.fspath(entry), exc) from None
         files.extend(found)
         if is_directory:
             directories.append(path)
@@ -84,11 +91,16 @@ def resolve_source(source: Source, filesystem: pafs.FileSystem | None = None) ->
     return ResolvedSource(unique, root, description, whole_directory, fs)
 
 
-def _split_uri(entry: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
-    if filesystem is not None:
-        # With an explicit filesystem, paths are that filesystem's own (no scheme).
-        path = entry.split("://", 1)[1] if "://" in entry else entry
-        return filesystem, path.rstrip("/") or "/"
+def filesystem_for(uri: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
+    """The filesystem that holds ``uri`` and the path of ``uri`` on it.
+
+    ``s3://`` URIs get ``pipeline.s3_filesystem`` (endpoint and keys from the standard AWS
+    variables; the bucket checked), other URIs what ``pyarrow.fs`` makes of them, plain
+    paths the local filesystem. Raises ``DatasetError`` naming ``uri``.
+    """
+    entry = os.fspath(uri)
+    if entry.startswith(S3_SCHEME):
+        return s3_filesystem(entry)
     if "://" in entry:
         try:
             return pafs.FileSystem.from_uri(entry)
@@ -98,6 +110,19 @@ def _split_uri(entry: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.Fil
                 "pyarrow.fs understands (file://, s3://, gs://, hdfs://, ...)"
             ) from None
     return pafs.LocalFileSystem(), os.path.abspath(entry)
+
+
+def uri_of(filesystem: pafs.FileSystem, path: str) -> str:
+    """``path`` on ``filesystem`` as a user would write it: ``s3://bucket/key`` on S3."""
+    return S3_SCHEME + path if filesystem.type_name == "s3" else path
+
+
+def _split_uri(entry: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
+    if filesystem is not None:
+        # With an explicit filesystem, paths are that filesystem's own (no scheme).
+        path = entry.split("://", 1)[1] if "://" in entry else entry
+        return filesystem, path.rstrip("/") or "/"
+    return filesystem_for(entry)
 
 
 def _expand(fs: pafs.FileSystem, path: str, entry: str) -> tuple[list[str], bool]:

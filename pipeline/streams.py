@@ -30,7 +30,9 @@ from pipeline.batching import Batch, finalize
 from pipeline.epoch_sources import EpochSource, row_source
 from pipeline.schema import DatasetError
 from pipeline.stall import ProgressBoard, StreamStalledError
-from pipeline.tasks import TaskSamples, TaskSource
+from pipeline.task_sources import TaskSource, WindowTaskSource
+from pipeline.task_windows import TaskWindows
+from pipeline.tasks import TaskSamples
 
 if TYPE_CHECKING:
     import ray.data
@@ -139,6 +141,8 @@ class LearnerStream:
         """
         rows = self._batches * self._group.rows_per_batch
         elapsed = time.monotonic() - self._first_take if self._first_take else 0.0
+        # Sources with counters of their own (windows of task samples) add them.
+        source_stats = getattr(self._group.source, "stats", dict)
         return {
             "learner": self.name,
             "epoch": self._epoch,
@@ -148,6 +152,7 @@ class LearnerStream:
             "dropped_rows": self._dropped_rows,
             "wait_s": round(self._wait_s, 3),
             "rows_per_s": rows / elapsed if elapsed > 0 else 0.0,
+            **source_stats(),
         }
 
     def close(self) -> None:
@@ -319,6 +324,11 @@ class _Group:
                 epoch, skip = epoch + 1, 0
         except BaseException as error:  # relayed to every learner, which re-raises it
             self._broadcast(("error", error))
+        finally:
+            # Row sources read the next epoch ahead: stop those reads with this thread.
+            close = getattr(self.source, "close", None)
+            if close is not None:
+                close()
 
     def _deal(self, batches: list[list[Batch]]) -> bool:
         return all(
@@ -342,7 +352,7 @@ class _Group:
 
 
 def split_for_learners(
-    source: Episodes | TaskSamples | ray.data.DataIterator,
+    source: Episodes | TaskSamples | TaskWindows | ray.data.DataIterator,
     num_learners: int,
     *,
     minibatch_size: int,
@@ -354,11 +364,13 @@ def split_for_learners(
     stall_timeout_s: float = 60.0,
     materialize: bool = False,
     ranks: Sequence[int] | None = None,
+    gamma: float | None = None,
 ) -> list[LearnerStream]:
     """Split ``source`` once into one repeatable stream per learner.
 
     ``source`` is ``Episodes`` (row minibatches of ``minibatch_size`` rows), the result
-    of ``task_samples`` (meta-batches of ``minibatch_size`` tasks per learner), or a Ray
+    of ``task_samples`` (meta-batches of ``minibatch_size`` tasks per learner, in memory
+    or read window by window), or a Ray
     ``DataIterator`` that is already one learner's shard (Ray Train's
     ``get_dataset_shard``; ``num_learners=1``). Row streams fetch ``superbatch_rows`` rows
     per Ray Data batch (rounded down to whole minibatches), shuffle the file order (the
@@ -369,7 +381,9 @@ def split_for_learners(
     spills to disk when full), so that later epochs skip reading and decoding Parquet.
     ``stall_timeout_s`` bounds how long a learner waits for data that a stopped learner
     holds up before ``StreamStalledError``. ``ranks`` builds only those learners' streams
-    (a Ray Train worker passes its own rank): task samples only.
+    (a Ray Train worker passes its own rank): task samples only. ``gamma`` adds the
+    columns derived at ingest to row minibatches (``returns``, ``returns_truncated``; see
+    ``pipeline.returns``); task samples take it in ``task_samples``.
     """
     _check_int("num_learners", num_learners, 1)
     _check_int("minibatch_size", minibatch_size, 1)
@@ -382,13 +396,16 @@ def split_for_learners(
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < num_learners for r in ranks):
         raise ValueError(f"ranks must be distinct learners in [0, {num_learners}), got {ranks}")
     source_of_batches: EpochSource
-    if isinstance(source, TaskSamples):
-        if columns is not None or modules_to_update is not None or materialize:
+    extra_settings: dict[str, Any] = {}
+    if isinstance(source, TaskSamples | TaskWindows):
+        given = (columns, modules_to_update, gamma)
+        if any(value is not None for value in given) or materialize:
             raise ValueError(
-                "task samples are already in memory, with columns and modules_to_update "
-                "chosen by task_samples(); pass those there, and no materialize="
+                "task samples come with their columns, modules_to_update and gamma chosen "
+                "by task_samples(); pass those there, and no materialize="
             )
-        source_of_batches = TaskSource(
+        windowed = isinstance(source, TaskWindows)
+        source_of_batches = (WindowTaskSource if windowed else TaskSource)(
             source,
             tasks_per_batch=minibatch_size,
             seed=seed,
@@ -397,6 +414,9 @@ def split_for_learners(
             pin_memory=device.type == "cuda",
         )
         kind, rows_per_batch = "tasks", minibatch_size * (source.support + source.query)
+        if windowed:
+            # Another window size gives other batches: a state resumes only the same one.
+            kind, extra_settings = "task_windows", {"window_rows": source.window_rows}
     else:
         if len(ranks) != num_learners:
             raise ValueError(
@@ -414,6 +434,7 @@ def split_for_learners(
             modules_to_update=modules_to_update,
             materialize=materialize,
             pin_memory=device.type == "cuda",
+            gamma=gamma,
         )
         kind, rows_per_batch = "rows", minibatch_size
     group = _Group(
@@ -424,6 +445,7 @@ def split_for_learners(
             "num_learners": num_learners,
             "seed": seed,
             "minibatch_size": minibatch_size,
+            **extra_settings,
         },
         rows_per_batch=rows_per_batch,
         device=device,

@@ -2,15 +2,17 @@
 
 Meta-learning datasets are small per task, so ``task_samples`` reads the selected
 columns once into memory, sorted by (module, task, episode, step) so that nothing
-depends on file order, and remembers where each (module, task) group starts. Every epoch
-is then planned in a few vectorised numpy calls from ``seed + epoch`` alone:
+depends on file order, and remembers where each (module, task) group starts. (Datasets
+larger than a memory budget are read in windows of whole tasks instead: see
+``pipeline.task_windows``.) Every epoch is then planned in a few vectorised numpy calls
+from ``seed + epoch`` alone:
 
 1. permute each task's rows, cut them into ``n // (K + Q)`` disjoint chunks, split each
    chunk into K support + Q query transitions (a transition is used at most once per
    epoch, support and query never overlap);
 2. shuffle the samples of all tasks together;
 3. meta-batch ``j`` of learner ``r`` out of ``W`` takes samples
-   ``[(j * W + r) * M, (j * W + r + 1) * M)``.
+   ``[(j * W + r) * M, (j * W + r + 1) * M)`` (``pipeline.task_sources``).
 
 Step 3 makes the learners' shares of step ``j`` together exactly the ``M * W`` samples a
 single learner with meta-batches of ``M * W`` tasks gets at step ``j``: two workers with
@@ -19,23 +21,25 @@ M/2 tasks each compute the same averaged meta-gradient as one worker with M task
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.batching import Batch, column_array, gather
-from pipeline.epoch_sources import Deal, check_modules, resolve_columns
+from pipeline.dataset import DatasetInfo, Episodes
+from pipeline.epoch_sources import check_modules, resolve_columns
+from pipeline.returns import INPUT_COLUMNS, returns_columns, split_derived
 from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
 
 if TYPE_CHECKING:
-    from pipeline.dataset import Episodes
+    from pipeline.task_windows import TaskWindows
 
 _LISTED = 20
-_DEAL_ROWS = 16384
+_MODES = ("auto", "memory", "stream")
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,6 +76,7 @@ class TaskSamples:
         size = self.support + self.query
         counts = np.diff(self.group_offsets)
         return {
+            "mode": "memory",
             "support": self.support,
             "query": self.query,
             "tasks": len(self.task_ids),
@@ -82,7 +87,7 @@ class TaskSamples:
             "skipped_tasks": len(self.skipped_tasks),
         }
 
-    def epoch_plan(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    def epoch_plan(self, seed: int | np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray]:
         """Row indices ``[samples, K + Q]`` and module index ``[samples]`` of one epoch."""
         rng = np.random.default_rng(seed)
         size = self.support + self.query
@@ -132,31 +137,122 @@ class TaskSamples:
 
 
 def task_samples(
-    episodes: Episodes,
+    episodes: Episodes | DatasetInfo,
     *,
     support: int,
     query: int,
     columns: Sequence[str] | None = None,
     modules_to_update: Collection[str] | None = None,
     skip_small_tasks: bool = False,
-) -> TaskSamples:
-    """Read ``episodes`` into memory as per-task groups for K-support/Q-query sampling.
+    mode: str = "auto",
+    memory_budget_mb: float | None = None,
+    gamma: float | None = None,
+) -> TaskSamples | TaskWindows:
+    """Per-task groups of ``episodes`` for K-support/Q-query sampling.
+
+    ``mode="memory"`` reads the selected columns into memory (``TaskSamples``);
+    ``mode="stream"`` plans windows of whole tasks that each epoch reads in turn, holding
+    about ``memory_budget_mb`` at most (``TaskWindows``, see ``pipeline.task_windows``);
+    ``mode="auto"`` streams when the selected columns would take more than
+    ``memory_budget_mb`` in memory (never without a budget). Streaming reads the files with
+    pyarrow, so it also takes the ``DatasetInfo`` of ``inspect_episodes`` (no Ray).
 
     Tasks with fewer than ``support + query`` transitions are refused with an error that
     lists them, or left out and listed in ``skipped_tasks`` with ``skip_small_tasks``.
     The shuffle seed is the stream's (``split_for_learners(seed=...)``): epoch ``e`` is
-    planned from ``seed + e``.
+    planned from ``seed + e``. With ``gamma`` the samples also carry the columns derived
+    at ingest (``returns``, ``returns_truncated``; see ``pipeline.returns``), computed per
+    whole episode in memory and per window when streaming (a window holds whole tasks).
     """
+    from pipeline.task_windows import estimated_bytes, plan_task_windows
+
     for name, value in (("support", support), ("query", query)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    schema = episodes.schema
-    chosen = resolve_columns(schema, columns)
-    table = _read_sorted(episodes, chosen, modules_to_update)
-    if table.num_rows == 0:
-        raise DatasetError(
-            f"task_samples: no rows of modules {sorted(modules_to_update or [])} in the data"
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}")
+    if memory_budget_mb is not None and not memory_budget_mb > 0:
+        raise ValueError(f"memory_budget_mb must be > 0 (megabytes), got {memory_budget_mb!r}")
+    if mode == "stream" and memory_budget_mb is None:
+        raise ValueError(
+            "mode='stream' needs memory_budget_mb: the windows of tasks are sized from it"
         )
+    stored, derived = split_derived(columns, gamma)
+    chosen = resolve_columns(episodes.schema, stored)
+    read = tuple(dict.fromkeys((*chosen, *INPUT_COLUMNS))) if derived else chosen
+    modules = check_modules(modules_to_update, tuple(episodes.module_ids))
+    if memory_budget_mb is not None and (
+        mode == "stream"
+        or (mode == "auto" and estimated_bytes(episodes, read) > memory_budget_mb * 2**20)
+    ):
+        return plan_task_windows(
+            episodes,
+            support=support,
+            query=query,
+            columns=chosen,
+            modules=modules,
+            skip_small_tasks=skip_small_tasks,
+            memory_budget_mb=memory_budget_mb,
+            derived=derived,
+            gamma=gamma,
+        )
+    if not isinstance(episodes, Episodes):
+        raise TypeError(
+            "task samples in memory are read through Ray: pass read_episodes(...), not "
+            "inspect_episodes(...), or stream them (mode='stream' with memory_budget_mb)"
+        )
+    table = _read_sorted(episodes, read, modules)
+    if table.num_rows == 0:
+        raise DatasetError(no_rows_message(modules))
+    groups = group_rows(table)
+    size = support + query
+    counts = np.diff(groups.offsets)
+    module_ids = tuple(sorted(set(groups.modules)))
+    skipped = check_task_sizes(
+        groups.tasks, groups.modules, counts, support, query, skip_small_tasks
+    )
+    small = counts < size
+    arrays = {name: column_array(table, name) for name in chosen}
+    if derived:
+        assert gamma is not None  # split_derived refuses derived columns without it
+        # Rows are in (module, task, episode, t) order: every episode is contiguous.
+        arrays.update({k: v for k, v in returns_columns(table, gamma).items() if k in derived})
+    return TaskSamples(
+        support=support,
+        query=query,
+        columns=(*chosen, *derived),
+        task_ids=tuple(sorted({t for t, s in zip(groups.tasks, small, strict=True) if not s})),
+        module_ids=module_ids,
+        skipped_tasks=skipped,
+        fingerprint=getattr(episodes, "fingerprint", None),
+        arrays=arrays,
+        group_offsets=groups.offsets,
+        group_modules=np.array([module_ids.index(m) for m in groups.modules], dtype=np.int64),
+        group_samples=np.where(small, 0, counts // size),
+    )
+
+
+class RowGroups(NamedTuple):
+    """Where the (module, task) groups of a table sorted by ``sort_by_task`` start."""
+
+    offsets: np.ndarray
+    """Row offsets of the groups, ``[groups + 1]``."""
+    tasks: list[str]
+    modules: list[str]
+
+
+def sort_by_task(table: pa.Table) -> pa.Table:
+    """``table`` sorted by (module, task, eps_id, t): an order that no file order changes."""
+    ids = [name for name in ("module_id", "task_id") if name in table.column_names]
+    keys = {name: _decoded(table.column(name)) for name in [*ids, "eps_id", "t"]}
+    if _in_order(list(keys.values())):
+        return table  # sorted on disk already (import and compact write it so): no copy
+    order = pc.sort_indices(pa.table(keys), sort_keys=[(name, "ascending") for name in keys])
+    return table.take(order)
+
+
+def group_rows(table: pa.Table) -> RowGroups:
+    """The (module, task) groups of a non-empty table sorted by ``sort_by_task``."""
     modules = _strings(table, "module_id", DEFAULT_MODULE_ID)
     tasks = _strings(table, "task_id", DEFAULT_TASK_ID)
     changes = pc.or_(
@@ -164,133 +260,73 @@ def task_samples(
         pc.not_equal(tasks.slice(1), tasks.slice(0, len(tasks) - 1)),
     )
     starts = np.concatenate(([0], np.flatnonzero(changes.to_numpy(zero_copy_only=False)) + 1))
-    offsets = np.concatenate((starts, [table.num_rows]))
-    group_tasks = tasks.take(pa.array(starts)).to_pylist()
-    group_module_names = modules.take(pa.array(starts)).to_pylist()
-    module_ids = tuple(sorted(set(group_module_names)))
-    size = support + query
-    counts = np.diff(offsets)
-    small = counts < size
-    labels = [
-        task if len(module_ids) == 1 else f"{task} (module {module})"
-        for task, module in zip(group_tasks, group_module_names, strict=True)
-    ]
-    skipped = {labels[g]: int(counts[g]) for g in np.flatnonzero(small)}
-    if skipped and not skip_small_tasks:
-        raise DatasetError(_small_tasks_message(skipped, support, query, len(labels)))
-    if small.all():
-        raise DatasetError(
-            f"task_samples: every one of the {len(labels)} tasks has fewer than support + "
-            f"query = {size} transitions (largest: {int(counts.max())}); lower support or query"
-        )
-    return TaskSamples(
-        support=support,
-        query=query,
-        columns=chosen,
-        task_ids=tuple(sorted({t for t, s in zip(group_tasks, small, strict=True) if not s})),
-        module_ids=module_ids,
-        skipped_tasks=skipped,
-        fingerprint=getattr(episodes, "fingerprint", None),
-        arrays={name: column_array(table, name) for name in chosen},
-        group_offsets=offsets,
-        group_modules=np.array([module_ids.index(m) for m in group_module_names]),
-        group_samples=np.where(small, 0, counts // size),
+    return RowGroups(
+        offsets=np.concatenate((starts, [table.num_rows])),
+        tasks=tasks.take(pa.array(starts)).to_pylist(),
+        modules=modules.take(pa.array(starts)).to_pylist(),
     )
 
 
-class TaskSource:
-    """Meta-batches of ``tasks_per_batch`` task samples for the learners ``ranks``."""
-
-    exact = True
-
-    def __init__(
-        self,
-        samples: TaskSamples,
-        *,
-        tasks_per_batch: int,
-        seed: int,
-        ranks: Sequence[int],
-        num_learners: int,
-        pin_memory: bool,
-    ) -> None:
-        self._samples = samples
-        self._tasks = tasks_per_batch
-        self._seed = seed
-        self._ranks = tuple(ranks)
-        self._num_learners = num_learners
-        self._pin_memory = pin_memory
-        size = samples.support + samples.query
-        self._per_deal = max(1, _DEAL_ROWS // (tasks_per_batch * size * len(self._ranks)))
-
-    def deals(self, epoch: int, skip: int) -> Iterator[Deal]:
-        rows, modules = self._samples.epoch_plan(self._seed + epoch)
-        step = self._tasks * self._num_learners
-        steps = len(rows) // step
-        size = self._samples.support + self._samples.query
-        total = int(self._samples.group_offsets[-1])
-        per_batch = self._tasks * size
-        for first in range(min(skip, steps), steps, self._per_deal):
-            last = min(first + self._per_deal, steps)
-            batches = [
-                [
-                    self._meta_batch(rows, modules, j * step + rank * self._tasks)
-                    for j in range(first, last)
-                ]
-                for rank in self._ranks
-            ]
-            read = (last - first) * per_batch * len(self._ranks)
-            # Transitions no learner gets this epoch: leftover samples, task remainders.
-            dropped = total - steps * step * size if last == steps else 0
-            yield Deal(batches, read, dropped)
-
-    def describe_empty(self, epoch: int, rows: int) -> str:
-        samples = self._samples
-        return (
-            f"epoch {epoch} has {samples.samples_per_epoch} task samples of "
-            f"{samples.support} support + {samples.query} query transitions, fewer than one "
-            f"meta-batch of {self._tasks} tasks for each of {self._num_learners} learner(s); "
-            "lower minibatch_size, support or query, or add tasks"
+def check_task_sizes(
+    tasks: Sequence[str],
+    modules: Sequence[str],
+    counts: np.ndarray,
+    support: int,
+    query: int,
+    skip_small_tasks: bool,
+) -> dict[str, int]:
+    """The (module, task) groups smaller than K + Q -> their size, in group order;
+    refused unless ``skip_small_tasks``, and always refused when every group is small."""
+    size = support + query
+    single_module = len(set(modules)) == 1
+    small = counts < size
+    skipped = {
+        (task if single_module else f"{task} (module {module})"): int(count)
+        for task, module, count, is_small in zip(tasks, modules, counts, small, strict=True)
+        if is_small
+    }
+    if skipped and not skip_small_tasks:
+        raise DatasetError(_small_tasks_message(skipped, support, query, len(tasks)))
+    if small.all():
+        raise DatasetError(
+            f"task_samples: every one of the {len(tasks)} tasks has fewer than support + "
+            f"query = {size} transitions (largest: {int(counts.max())}); lower support or query"
         )
+    return skipped
 
-    def _meta_batch(self, rows: np.ndarray, modules: np.ndarray, start: int) -> dict[str, Batch]:
-        picked = rows[start : start + self._tasks]
-        picked_modules = modules[start : start + self._tasks]
-        if len(self._samples.module_ids) > 1:
-            by_module = np.argsort(picked_modules, kind="stable")
-            picked, picked_modules = picked[by_module], picked_modules[by_module]
-        bounds = np.searchsorted(picked_modules, np.arange(len(self._samples.module_ids) + 1))
-        k = self._samples.support
-        meta: dict[str, Batch] = {"support": {}, "query": {}}
-        for part, index in (("support", picked[:, :k]), ("query", picked[:, k:])):
-            tensors = {
-                name: gather(array, index, self._pin_memory)
-                for name, array in self._samples.arrays.items()
-            }
-            for code, module in enumerate(self._samples.module_ids):
-                lo, hi = int(bounds[code]), int(bounds[code + 1])
-                if hi > lo:
-                    meta[part][module] = {name: t[lo:hi] for name, t in tensors.items()}
-        return meta
+
+def no_rows_message(modules: Collection[str] | None) -> str:
+    return f"task_samples: no rows of modules {sorted(modules or [])} in the data"
 
 
 def _read_sorted(
-    episodes: Episodes, columns: tuple[str, ...], modules_to_update: Collection[str] | None
+    episodes: Episodes, columns: tuple[str, ...], modules: frozenset[str] | None
 ) -> pa.Table:
     from ray.data.expressions import col
 
     schema = episodes.schema
     ids = [name for name in ("module_id", "task_id") if getattr(schema, f"has_{name}")]
     dataset = episodes.dataset.select_columns(list(dict.fromkeys([*columns, *ids, "eps_id", "t"])))
-    modules = check_modules(modules_to_update, tuple(episodes.module_ids))
     if modules is not None and schema.has_module_id:
         dataset = dataset.filter(expr=col("module_id").is_in(sorted(modules)))
     parts = list(dataset.iter_batches(batch_size=None, batch_format="pyarrow"))
     if not parts:
         return pa.table({name: pa.array([], pa.int64()) for name in columns})
-    table = pa.concat_tables(parts)
-    keys = {name: _decoded(table.column(name)) for name in [*ids, "eps_id", "t"]}
-    order = pc.sort_indices(pa.table(keys), sort_keys=[(name, "ascending") for name in keys])
-    return table.take(order)
+    return sort_by_task(pa.concat_tables(parts))
+
+
+def _in_order(keys: list[pa.ChunkedArray]) -> bool:
+    """Whether the rows are already sorted by ``keys`` (lexicographically, ascending)."""
+    if len(keys[0]) < 2:
+        return True
+    ordered = None
+    for key in reversed(keys):
+        later, earlier = key.slice(1), key.slice(0, len(key) - 1)
+        if ordered is None:
+            ordered = pc.greater_equal(later, earlier)
+        else:
+            ordered = pc.or_(pc.greater(later, earlier), pc.and_(pc.equal(later, earlier), ordered))
+    return pc.all(ordered).as_py()
 
 
 def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -1,4 +1,4 @@
-"""Shared fixtures: one Ray session and one Prefect test harness for the whole run."""
+"""Shared fixtures: one Ray session, one Prefect test harness and one loopback S3 server."""
 
 from __future__ import annotations
 
@@ -57,3 +57,36 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=60):
         yield
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on loopback for the whole session (started on first use, stopped by
+    its pid at the end); boto3 clients find it through the standard AWS variables."""
+    from tests.s3_server import client_environment, moto_server
+
+    with moto_server("serial") as endpoint:
+        settings = client_environment(endpoint)
+        saved = {name: os.environ.get(name) for name in [*settings, "AWS_PROFILE"]}
+        os.environ.pop("AWS_PROFILE", None)
+        os.environ.update(settings)
+        try:
+            yield endpoint
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture
+def s3_root(s3_endpoint: str) -> str:
+    """``s3://<fresh bucket>/store`` on the loopback server."""
+    import uuid
+
+    import boto3
+
+    bucket = f"offmeta-{uuid.uuid4().hex[:16]}"
+    boto3.session.Session().client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/store"

@@ -101,6 +101,21 @@ def test_show_prints_lineage_metrics_modules_and_files(root, capsys):
     assert files == ["config.json", "metrics.json", "params.safetensors"]
 
 
+def test_show_lists_the_pictures_and_export_writes_them(root, tmp_path, capsys):
+    assert offmeta("show", "maml:2", "--root", str(root)) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "pictures: learning_curve.png (write them out: offmeta artifacts export maml:2 DIR)"
+    )
+    target = tmp_path / "exported"
+    assert offmeta("export", "maml:2", str(target), "--root", str(root)) == 0
+    store = ArtifactStore(root)
+    for name in ("learning_curve.png", "learning_curve.json", "history.json"):
+        assert (target / name).read_bytes() == store.read_file("maml:2", name), name
+    assert json.loads((target / "learning_curve.json").read_text())["history"] == {
+        "loss": [1.0, 0.05]
+    }
+
+
 def test_show_as_json_is_the_manifest_plus_ref(root, capsys):
     assert offmeta("show", "maml", "--root", str(root), "--json") == 0
     shown = json.loads(capsys.readouterr().out)
@@ -114,7 +129,7 @@ def test_show_as_json_is_the_manifest_plus_ref(root, capsys):
 def test_verify_reports_ok_and_failures_with_exit_status(root, capsys):
     assert offmeta("verify", "maml", "maml:1", "other", "--root", str(root)) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "OK      maml:2  (5 files verified)",
+        "OK      maml:2  (6 files verified)",
         "OK      maml:1  (3 files verified)",
         "OK      other:1  (3 files verified)",
     ]
@@ -125,7 +140,7 @@ def test_verify_reports_ok_and_failures_with_exit_status(root, capsys):
     blob.write_bytes(b"{}")
     assert offmeta("verify", "maml:1", "maml:2", "--root", str(root)) == 1
     captured = capsys.readouterr()
-    assert captured.out == "OK      maml:2  (5 files verified)\n"
+    assert captured.out == "OK      maml:2  (6 files verified)\n"
     assert captured.err.startswith(
         f"FAILED  maml:1: maml:1 file 'metrics.json' (blob {blob}) is corrupt: "
         f"expected digest {digest}, found sha256:"

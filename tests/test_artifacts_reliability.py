@@ -1,4 +1,5 @@
-"""The artifact store under concurrency, crashes and corruption (issue 5 reliability list)."""
+"""The artifact store under concurrency, crashes and corruption (issue 5 reliability list),
+against both backends: a local directory and S3 on a loopback server (issue 14)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from pipeline.artifacts import (
     GcReport,
     IntegrityError,
 )
+from tests.artifact_backends import BACKENDS, Storage, blob_key, make_storage
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,7 +79,7 @@ _CONCURRENT_PUBLISHERS = textwrap.dedent(
 
 # Publishes one version but stops at the named stage of ArtifactStore.publish (reported
 # through the on_stage callback it is given), announces it through a file and waits to be
-# killed.
+# killed. Its lock timeout is short: on S3 the claim it leaves is taken over after half of it.
 _PAUSED_PUBLISHER = textwrap.dedent(
     """
     import pathlib, sys, time
@@ -85,13 +87,14 @@ _PAUSED_PUBLISHER = textwrap.dedent(
     from pipeline.artifacts import ArtifactStore
 
     root, stage, ready = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+    lock_timeout = float(sys.argv[4])
 
     def pause(reached):
         if reached == stage:
             ready.write_text(reached)
             time.sleep(600)
 
-    ArtifactStore(root).publish(
+    ArtifactStore(root, lock_timeout=lock_timeout).publish(
         "model",
         {"default_policy": {"w": torch.full((4,), 7.0)}},
         metrics={"loss": 1.0},
@@ -117,9 +120,9 @@ def _python(code: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def _kill_publisher_at(root: Path, stage: str, ready: Path) -> None:
+def _kill_publisher_at(root: str, stage: str, ready: Path) -> None:
     """Start a publisher that pauses at ``stage`` of publishing, and SIGKILL it there."""
-    child = _python(_PAUSED_PUBLISHER, str(root), stage, str(ready))
+    child = _python(_PAUSED_PUBLISHER, root, stage, str(ready), "4")
     try:
         _wait_for(lambda: ready.exists() or child.poll() is not None, 60, f"stage {stage}")
         assert ready.exists(), child.communicate(timeout=10)[1]
@@ -150,16 +153,20 @@ def _publish(store: ArtifactStore, value: float, **kwargs: Any) -> ArtifactRef:
     )
 
 
-@pytest.mark.timeout(90)
-def test_eight_processes_publishing_ten_versions_each_get_versions_1_to_80(tmp_path):
-    root = tmp_path / "store"
-    launcher = _python(_CONCURRENT_PUBLISHERS, str(root), "8", "10", str(tmp_path))
+@pytest.fixture(params=BACKENDS)
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    return make_storage(request, tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_eight_processes_publishing_ten_versions_each_get_versions_1_to_80(storage, tmp_path):
+    launcher = _python(_CONCURRENT_PUBLISHERS, storage.root, "8", "10", str(tmp_path))
     try:
         _wait_for(
             lambda: (tmp_path / "ready").exists() or launcher.poll() is not None, 60, "publishers"
         )
         (tmp_path / "go").touch()
-        _, stderr = launcher.communicate(timeout=60)
+        _, stderr = launcher.communicate(timeout=240)
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -171,7 +178,7 @@ def test_eight_processes_publishing_ten_versions_each_get_versions_1_to_80(tmp_p
         for proc in range(8)
         for row in json.loads((tmp_path / f"published-{proc}.json").read_text())
     ]
-    store = ArtifactStore(root)
+    store = storage.store()
     assert sorted(version for version, *_ in published) == list(range(1, 81))
     assert store.list_versions("shared") == list(range(1, 81))
     assert store.aliases("shared") == {"latest": 80}
@@ -189,43 +196,41 @@ def test_eight_processes_publishing_ten_versions_each_get_versions_1_to_80(tmp_p
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("stage", ["blobs-written", "manifest-staged"])
-def test_publisher_killed_mid_publish_leaves_no_partial_version(tmp_path, stage):
-    root = tmp_path / "store"
-    store = ArtifactStore(root, lock_timeout=10)
+def test_publisher_killed_mid_publish_leaves_no_partial_version(storage, tmp_path, stage):
+    store = storage.store(lock_timeout=10)
     first = _publish(store, 1.0, idempotency_key="run-1")
-    _kill_publisher_at(root, stage, tmp_path / "ready")
+    _kill_publisher_at(storage.root, stage, tmp_path / "ready")
 
     # Nothing of the killed publish is visible.
     assert store.list_versions("model") == [1]
     assert store.aliases("model") == {"latest": 1}
     assert store.get("model").version == 1
-    leftovers = sorted(p.name for p in (root / "tmp").iterdir())
-    assert len(leftovers) == (1 if stage == "manifest-staged" else 0), leftovers
+    assert storage.listed("names/model/versions/") == ["names/model/versions/00000001.json"]
 
     # The number it would have taken is still free, and its idempotency key is unused
-    # (the publish never happened); the lock it held (manifest-staged) was released.
+    # (the publish never happened); its claim (manifest-staged) is released by the kernel
+    # (local) or taken over once its lease ran out (S3).
     second = _publish(store, 2.0, idempotency_key="run-2")
     assert second.version == 2
     assert store.get("model").version == 2
     store.verify(first)
     store.verify(second)
 
-    report = store.gc()
-    assert report.blobs == 1  # the killed publish's params (its JSON files equal version 1's)
-    assert report.temp_files == len(leftovers)
-    assert not any((root / "tmp").iterdir())
+    report = store.gc(older_than=0)
+    # the killed publish's params (its JSON files equal version 1's); no staged files
+    assert report == GcReport(temp_files=0, blobs=1, freed_bytes=report.freed_bytes, key_records=0)
     referenced = {
-        entry.digest.removeprefix("sha256:")
+        blob_key(entry.digest)
         for version in (1, 2)
         for entry in store.get("model", version=version).files.values()
     }
-    assert {p.name for p in (root / "blobs" / "sha256").glob("*/*")} == referenced
+    assert set(storage.listed("blobs/")) == referenced
     assert store.verify("model:1") and store.verify("model:2")
 
 
 @pytest.mark.timeout(30)
-def test_on_stage_reports_the_two_crash_points_in_order_and_only_for_a_new_version(tmp_path):
-    store = ArtifactStore(tmp_path / "store")
+def test_on_stage_reports_the_two_crash_points_in_order_and_only_for_a_new_version(storage):
+    store = storage.store()
     stages: list[str] = []
     _publish(store, 1.0, idempotency_key="run-1", on_stage=stages.append)
     assert stages == ["blobs-written", "manifest-staged"]
@@ -235,40 +240,38 @@ def test_on_stage_reports_the_two_crash_points_in_order_and_only_for_a_new_versi
 
 
 @pytest.mark.timeout(60)
-def test_dangling_idempotency_record_from_a_crash_is_ignored_and_collected(tmp_path):
-    root = tmp_path / "store"
-    _kill_publisher_at(root, "manifest-staged", tmp_path / "ready")
-    store = ArtifactStore(root, lock_timeout=10)
+def test_dangling_idempotency_record_from_a_crash_is_ignored_and_collected(storage, tmp_path):
+    _kill_publisher_at(storage.root, "manifest-staged", tmp_path / "ready")
+    store = storage.store(lock_timeout=10)
     assert store.list_names() == []
     # The key record written before the crash points at version 1, which another
     # publisher (different key) now takes; the retry must not be mistaken for it.
     other = _publish(store, 3.0, idempotency_key="someone-else")
     assert other.version == 1
-    report = store.gc()
-    # staged manifest, the dangling key record, the crashed publish's params and metrics
-    assert (report.temp_files, report.key_records, report.blobs) == (1, 1, 2)
+    report = store.gc(older_than=0)
+    # the dangling key record, the crashed publish's params and metrics
+    assert (report.temp_files, report.key_records, report.blobs) == (0, 1, 2)
     retried = _publish(store, 7.0, idempotency_key="run-2")
     assert retried.version == 2
     assert store.get("model", version=2).idempotency_key == "run-2"
-    assert store.gc() == GcReport(temp_files=0, blobs=0, freed_bytes=0, key_records=0)
+    assert store.gc(older_than=0) == GcReport(temp_files=0, blobs=0, freed_bytes=0, key_records=0)
 
 
 @pytest.mark.timeout(30)
-def test_corrupted_params_blob_fails_verify_naming_file_and_both_digests(tmp_path):
-    store = ArtifactStore(tmp_path / "store")
+def test_corrupted_params_blob_fails_verify_naming_file_and_both_digests(storage, tmp_path):
+    store = storage.store()
     ref = _publish(store, 1.0)
-    blob = store.root / "blobs" / "sha256" / ref.digest[7:9] / ref.digest[7:]
-    blob.chmod(0o644)
-    data = bytearray(blob.read_bytes())
+    blob = blob_key(ref.digest)
+    data = bytearray(storage.read(blob))
     data[-1] ^= 0xFF  # last byte of the last tensor in the file
-    blob.write_bytes(bytes(data))
+    storage.write(blob, bytes(data))
 
     with pytest.raises(IntegrityError) as raised:
         store.verify(ref)
     (problem,) = raised.value.problems
     match = re.fullmatch(
-        rf"model:1 file 'params.safetensors' \(blob {re.escape(str(blob))}\) is corrupt: "
-        rf"expected digest {ref.digest}, found (sha256:[0-9a-f]{{64}}); "
+        rf"model:1 file 'params.safetensors' \(blob {re.escape(storage.location(blob))}\) is "
+        rf"corrupt: expected digest {ref.digest}, found (sha256:[0-9a-f]{{64}}); "
         rf"tensors that differ: '(default_policy/[bw])'",
         problem,
     )
@@ -282,31 +285,29 @@ def test_corrupted_params_blob_fails_verify_naming_file_and_both_digests(tmp_pat
 
 
 @pytest.mark.timeout(30)
-def test_corrupted_truncated_and_missing_blobs_are_each_reported(tmp_path):
-    store = ArtifactStore(tmp_path / "store")
+def test_corrupted_truncated_and_missing_blobs_are_each_reported(storage):
+    store = storage.store()
     ref = _publish(store, 1.0)
     manifest = store.get("model")
-    metrics_blob = store.root / "blobs" / "sha256" / manifest.files["metrics.json"].digest[7:9]
-    metrics_blob = metrics_blob / manifest.files["metrics.json"].digest[7:]
-    metrics_blob.chmod(0o644)
-    metrics_blob.write_bytes(b'{"loss": 0.0}\n')
+    metrics_blob = blob_key(manifest.files["metrics.json"].digest)
+    storage.write(metrics_blob, b'{"loss": 0.0}\n')
     found = "sha256:" + hashlib.sha256(b'{"loss": 0.0}\n').hexdigest()
-    params_blob = store.root / "blobs" / "sha256" / ref.digest[7:9] / ref.digest[7:]
-    params_blob.chmod(0o644)
-    params_blob.write_bytes(params_blob.read_bytes()[:5])
+    params_blob = blob_key(ref.digest)
+    storage.write(params_blob, storage.read(params_blob)[:5])
     config_digest = manifest.files["config.json"].digest
-    config_blob = store.root / "blobs" / "sha256" / config_digest[7:9] / config_digest[7:]
-    config_blob.unlink()
+    config_blob = blob_key(config_digest)
+    storage.delete(config_blob)
 
     with pytest.raises(IntegrityError) as raised:
         store.verify("model:1")
+    params_at, metrics_at = storage.location(params_blob), storage.location(metrics_blob)
     assert raised.value.problems == (
-        f"model:1 file 'config.json' (blob {config_blob}) is missing; "
+        f"model:1 file 'config.json' (blob {storage.location(config_blob)}) is missing; "
         f"expected digest {config_digest}",
-        f"model:1 file 'metrics.json' (blob {metrics_blob}) is corrupt: "
+        f"model:1 file 'metrics.json' (blob {metrics_at}) is corrupt: "
         f"expected digest {manifest.files['metrics.json'].digest}, found {found}",
-        f"model:1 file 'params.safetensors' (blob {params_blob}): expected digest {ref.digest}, "
-        f"but {params_blob} is not a readable safetensors file: it is 5 bytes long, shorter "
+        f"model:1 file 'params.safetensors' (blob {params_at}): expected digest {ref.digest}, "
+        f"but {params_at} is not a readable safetensors file: it is 5 bytes long, shorter "
         f"than the 8-byte header length",
     )
     with pytest.raises(IntegrityError, match="not a readable safetensors file"):
@@ -314,8 +315,8 @@ def test_corrupted_truncated_and_missing_blobs_are_each_reported(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_stale_alias_compare_and_swap_is_refused(tmp_path):
-    store = ArtifactStore(tmp_path / "store")
+def test_stale_alias_compare_and_swap_is_refused(storage):
+    store = storage.store()
     for value in (1.0, 2.0, 3.0):
         _publish(store, value)
     store.set_alias("model", "prod", 1, expected=None)
@@ -343,8 +344,8 @@ def test_stale_alias_compare_and_swap_is_refused(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_latest_never_moves_backwards(tmp_path):
-    store = ArtifactStore(tmp_path / "store")
+def test_latest_never_moves_backwards(storage):
+    store = storage.store()
     for value in (1.0, 2.0, 3.0):
         _publish(store, value)
     with pytest.raises(AliasConflictError) as raised:
@@ -360,8 +361,8 @@ def test_latest_never_moves_backwards(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_concurrent_compare_and_swap_lets_exactly_one_caller_win(tmp_path):
-    store = ArtifactStore(tmp_path / "store")
+def test_concurrent_compare_and_swap_lets_exactly_one_caller_win(storage):
+    store = storage.store()
     for value in (1.0, 2.0, 3.0, 4.0, 5.0):
         _publish(store, value)
     store.set_alias("model", "prod", 1, expected=None)
@@ -371,7 +372,7 @@ def test_concurrent_compare_and_swap_lets_exactly_one_caller_win(tmp_path):
     def move(target: int) -> None:
         barrier.wait(timeout=10)
         try:
-            ArtifactStore(store.root).set_alias("model", "prod", target, expected=1)
+            storage.store().set_alias("model", "prod", target, expected=1)
             outcomes[target] = "moved"
         except AliasConflictError:
             outcomes[target] = "refused"
@@ -387,8 +388,8 @@ def test_concurrent_compare_and_swap_lets_exactly_one_caller_win(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_retried_publish_with_the_same_key_returns_the_same_version(tmp_path):
-    store = ArtifactStore(tmp_path / "store")
+def test_retried_publish_with_the_same_key_returns_the_same_version(storage):
+    store = storage.store()
     first = _publish(store, 1.0, idempotency_key="flow-run-42/publish")
     # A retry after a lost reply: possibly different numbers, same key -> same version.
     retry = _publish(store, 1.5, idempotency_key="flow-run-42/publish")
@@ -410,14 +411,13 @@ def test_retried_publish_with_the_same_key_returns_the_same_version(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_concurrent_retries_with_one_key_create_one_version(tmp_path):
-    root = tmp_path / "store"
+def test_concurrent_retries_with_one_key_create_one_version(storage):
     barrier = threading.Barrier(4)
     refs = []
 
     def publish(value: float) -> None:
         barrier.wait(timeout=10)
-        refs.append(_publish(ArtifactStore(root), value, idempotency_key="same"))
+        refs.append(_publish(storage.store(), value, idempotency_key="same"))
 
     threads = [threading.Thread(target=publish, args=(float(v),)) for v in range(4)]
     for thread in threads:
@@ -425,4 +425,4 @@ def test_concurrent_retries_with_one_key_create_one_version(tmp_path):
     for thread in threads:
         thread.join(timeout=20)
     assert len(refs) == 4 and len(set(refs)) == 1
-    assert ArtifactStore(root).list_versions("model") == [1]
+    assert storage.store().list_versions("model") == [1]

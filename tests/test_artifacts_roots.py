@@ -1,5 +1,5 @@
-"""Store roots: plain paths and file:// URIs name the same local directory; any other scheme
-is refused by the store, the config and the CLI, and nothing is written."""
+"""Store roots: directories, file:// and s3:// are accepted; anything else is refused by
+name before a byte is written (also in a run config)."""
 
 from __future__ import annotations
 
@@ -11,97 +11,116 @@ import pytest
 import torch
 
 from flows.cli import main
-from flows.config import ConfigError, load_config
-from pipeline.artifacts import ArtifactStore, UnsupportedRootError, local_root
+from flows.config import ConfigError, validate_config
+from pipeline.artifacts import (
+    ArtifactError,
+    ArtifactStore,
+    S3Root,
+    UnsupportedRootError,
+    parse_root,
+)
+from tests.flow_runs import tiny_document
 
-pytestmark = pytest.mark.timeout(60)
-
+SUPPORTED = "a directory path, a file:// URI or s3://bucket/prefix"
 REPO = Path(__file__).resolve().parents[1]
 POINT_ROBOT = REPO / "flows" / "configs" / "point_robot.yaml"
 OFFMETA = str(Path(sys.executable).with_name("offmeta"))
-S3_REFUSED = (
-    "artifact store root 's3://bucket/prefix': scheme 's3' is not supported; expected a local "
-    "directory: a path, or a file:// URI such as file:///srv/artifacts"
+GS_REFUSED = (
+    "artifact store root 'gs://bucket/prefix' has the scheme 'gs://', which the store cannot "
+    f"write to; expected {SUPPORTED}"
 )
 
 
-def _publish(store: ArtifactStore) -> str:
-    params = {"default_policy": {"w": torch.ones(2, 2)}}
-    return str(store.publish("maml", params, metrics={}, config={}, lineage={}))
-
-
-def test_paths_and_file_uris_name_the_same_directory(tmp_path: Path, monkeypatch) -> None:
-    spaced = tmp_path / "my store"
+def test_accepted_roots(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert local_root("my store") == spaced
-    assert local_root(spaced) == spaced
-    assert local_root(spaced.as_uri()) == spaced  # file:///.../my%20store
-    assert local_root(f"file://localhost{spaced.as_uri().removeprefix('file://')}") == spaced
-    assert local_root(f"FILE://LOCALHOST{spaced.as_uri().removeprefix('file://')}") == spaced
-    # A path object is a path even when its text looks like a URI.
-    assert local_root(Path("s3:") / "bucket") == tmp_path / "s3:" / "bucket"
-    # Colons after the first path component are ordinary characters.
-    assert local_root("runs/a:b") == tmp_path / "runs" / "a:b"
-
-
-def test_a_store_opened_by_its_file_uri_reads_what_was_published(tmp_path: Path) -> None:
-    published = _publish(ArtifactStore(tmp_path / "store", durable=False))
-    reopened = ArtifactStore((tmp_path / "store").as_uri())
-    assert reopened.root == tmp_path / "store"
-    assert str(reopened.resolve("maml@latest")) == published
+    assert parse_root("artifacts") == tmp_path / "artifacts"
+    assert parse_root(tmp_path / "store") == tmp_path / "store"
+    assert parse_root(f"file://{tmp_path}/store") == tmp_path / "store"
+    assert parse_root(f"file://localhost{tmp_path}/my%20store") == tmp_path / "my store"
+    assert parse_root("s3://models/offmeta/prod/") == S3Root("models", "offmeta/prod")
+    assert parse_root("s3://models") == S3Root("models", "")
+    assert str(S3Root("models", "offmeta/prod")) == "s3://models/offmeta/prod"
+    # A path object is a path even when its text looks like a URI; later colons are plain.
+    assert parse_root(Path("s3:") / "bucket") == tmp_path / "s3:" / "bucket"
+    assert parse_root("runs/a:b") == tmp_path / "runs" / "a:b"
 
 
 @pytest.mark.parametrize(
     ("root", "message"),
     [
-        ("s3://bucket/prefix", S3_REFUSED),
         (
-            "runs:nightly",
-            "artifact store root 'runs:nightly': scheme 'runs' is not supported; expected a local "
-            "directory: a path, or a file:// URI such as file:///srv/artifacts (for a directory "
-            "of that name, write ./runs:nightly)",
+            "gs://models/offmeta",
+            "artifact store root 'gs://models/offmeta' has the scheme 'gs://', which the store "
+            f"cannot write to; expected {SUPPORTED}",
         ),
         (
-            "file://server/share/artifacts",
-            "artifact store root 'file://server/share/artifacts': host 'server' is not this "
-            "machine; expected file:///absolute/path or file://localhost/absolute/path (mount a "
-            "shared directory and give its local path)",
+            "HTTP://example.com/x",
+            "artifact store root 'HTTP://example.com/x' has the scheme 'http://', which the "
+            f"store cannot write to; expected {SUPPORTED}",
         ),
         (
-            "file:artifacts",
-            "artifact store root 'file:artifacts': a file:// URI needs an absolute path, e.g. "
-            "file:///srv/artifacts; write a relative directory as a plain path",
+            "s3://Models_2/offmeta",
+            "artifact store root 's3://Models_2/offmeta' names the bucket 'Models_2', which is "
+            "not a valid S3 bucket name (3-63 lowercase letters, digits, '.' and '-'); "
+            "expected s3://bucket/prefix",
         ),
         (
-            "file:///srv/a?b",
-            "artifact store root 'file:///srv/a?b': a file:// URI names a directory and takes no "
-            "query or fragment; percent-encode '?' and '#' in directory names (%3F, %23)",
+            "s3:///offmeta",
+            "artifact store root 's3:///offmeta' names the bucket '', which is not a valid S3 "
+            "bucket name (3-63 lowercase letters, digits, '.' and '-'); "
+            "expected s3://bucket/prefix",
         ),
         (
-            "  ",
-            "artifact store root is empty; expected a local directory: a path, or a file:// URI "
-            "such as file:///srv/artifacts",
+            "s3://models/a//b",
+            "artifact store root 's3://models/a//b' has the prefix 'a//b', with an empty, '.' "
+            "or '..' segment or a control character; expected s3://bucket/some/prefix",
+        ),
+        (
+            "s3://models/a/../b",
+            "artifact store root 's3://models/a/../b' has the prefix 'a/../b', with an empty, "
+            "'.' or '..' segment or a control character; expected s3://bucket/some/prefix",
+        ),
+        (
+            "file://server/share/store",
+            "artifact store root 'file://server/share/store' names the host 'server'; a "
+            "file:// root must be local (file:///absolute/path)",
+        ),
+        (
+            "",
+            f"artifact store root must be a non-empty string or path, got ''; expected {SUPPORTED}",
         ),
     ],
 )
-def test_roots_that_name_no_local_directory_are_refused(
-    root: str, message: str, tmp_path: Path, monkeypatch
-) -> None:
+def test_refused_roots_name_the_root_and_what_is_accepted(root, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UnsupportedRootError) as caught:
+    with pytest.raises(UnsupportedRootError) as raised:
+        parse_root(root)
+    assert str(raised.value) == message
+    with pytest.raises(ArtifactError, match=r"^artifact store root"):
         ArtifactStore(root)
-    assert str(caught.value) == message
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # no folder named 'gs:' or anything else
 
 
-def test_the_config_refuses_such_a_root_naming_the_field() -> None:
-    with pytest.raises(ConfigError) as caught:
-        load_config(POINT_ROBOT, ["artifacts.root=s3://bucket/prefix"])
-    assert str(caught.value) == (
-        f"invalid config {POINT_ROBOT} (1 error):\n  artifacts.root: {S3_REFUSED}"
+def test_a_file_uri_and_a_path_open_the_same_store(tmp_path):
+    by_path = ArtifactStore(tmp_path / "store", durable=False)
+    ref = by_path.publish("m", {"p": {"w": torch.ones(2)}}, metrics={}, config={}, lineage={})
+    by_uri = ArtifactStore((tmp_path / "store").as_uri())
+    assert by_uri.root == by_path.root == tmp_path / "store"
+    assert by_uri.resolve("m@latest") == ref
+    assert ref.uri == (tmp_path / "store" / "names/m/versions/00000001.json").as_uri()
+
+
+def test_a_run_config_accepts_s3_roots_and_refuses_other_schemes(tmp_path):
+    document = tiny_document(Path("data"), tmp_path, ["artifacts.root=s3://models/offmeta"])
+    assert validate_config(document).artifacts.root == "s3://models/offmeta"
+    refused = tiny_document(Path("data"), tmp_path, ["artifacts.root=gs://models/offmeta"])
+    with pytest.raises(ConfigError) as raised:
+        validate_config(refused)
+    assert str(raised.value) == (
+        "invalid config config (1 error):\n"
+        "  artifacts.root: artifact store root 'gs://models/offmeta' has the scheme 'gs://', "
+        f"which the store cannot write to; expected {SUPPORTED}"
     )
-    uri = "file:///srv/artifacts"
-    assert load_config(POINT_ROBOT, [f"artifacts.root={uri}"]).artifacts.root == uri
 
 
 def test_offmeta_run_refuses_such_a_root_as_an_invalid_config(
@@ -109,11 +128,11 @@ def test_offmeta_run_refuses_such_a_root_as_an_invalid_config(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     status = main(
-        ["run", "--config", str(POINT_ROBOT), "--set", "artifacts.root=s3://bucket/prefix"]
+        ["run", "--config", str(POINT_ROBOT), "--set", "artifacts.root=gs://bucket/prefix"]
     )
     assert status == 2  # as for every invalid config: nothing ran
     assert capsys.readouterr().err == (
-        f"offmeta run: invalid config {POINT_ROBOT} (1 error):\n  artifacts.root: {S3_REFUSED}\n"
+        f"offmeta run: invalid config {POINT_ROBOT} (1 error):\n  artifacts.root: {GS_REFUSED}\n"
     )
     assert list(tmp_path.iterdir()) == []
 
@@ -123,19 +142,21 @@ def test_the_cli_refuses_such_a_root_in_one_line_and_writes_nothing(
     command: str, tmp_path: Path
 ) -> None:
     done = subprocess.run(
-        [OFFMETA, "artifacts", command, "--root", "s3://bucket/prefix"],
+        [OFFMETA, "artifacts", command, "--root", "gs://bucket/prefix"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert (done.returncode, done.stdout) == (1, "")
-    assert done.stderr == f"offmeta artifacts {command}: error: {S3_REFUSED}\n"
+    assert done.stderr == f"offmeta artifacts {command}: error: {GS_REFUSED}\n"
     assert list(tmp_path.iterdir()) == []
 
 
 def test_the_cli_accepts_a_file_uri_root(tmp_path: Path) -> None:
-    _publish(ArtifactStore(tmp_path / "store", durable=False))
+    ArtifactStore(tmp_path / "store", durable=False).publish(
+        "maml", {"p": {"w": torch.ones(2)}}, metrics={}, config={}, lineage={}
+    )
     done = subprocess.run(
         [OFFMETA, "artifacts", "list", "--root", (tmp_path / "store").as_uri()],
         capture_output=True,

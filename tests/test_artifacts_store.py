@@ -1,4 +1,7 @@
-"""Publishing and consuming versions: contents, digests, lineage, files, errors."""
+"""Publishing and consuming versions: contents, digests, lineage, files, errors.
+
+Every test that takes ``store`` runs against both backends (a local directory and S3 on a
+loopback server)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from pipeline.artifacts import (
     Manifest,
 )
 from pipeline.artifacts.digest import params_digest, read_params
+from tests.artifact_backends import BACKENDS, Storage, blob_key, make_storage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,9 +48,14 @@ def _publish(store: ArtifactStore, name: str = "maml", seed: int = 0, **kwargs) 
     return store.publish(name, _params(seed), **fields)
 
 
+@pytest.fixture(params=BACKENDS)
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    return make_storage(request, tmp_path)
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> ArtifactStore:
-    return ArtifactStore(tmp_path / "store", durable=False)
+def store(storage: Storage) -> ArtifactStore:
+    return storage.store()
 
 
 def test_round_trip_keeps_every_dtype_shape_and_value(store):
@@ -90,7 +99,7 @@ def test_loaded_params_work_with_functional_call_and_load_state_dict(store):
     assert torch.equal(fresh(x), model(x))
 
 
-def test_manifest_records_everything_about_a_version(store, tmp_path):
+def test_manifest_records_everything_about_a_version(store, storage, tmp_path):
     parent = _publish(store)
     notes = tmp_path / "notes.md"
     notes.write_text("# evaluation\n")
@@ -113,7 +122,7 @@ def test_manifest_records_everything_about_a_version(store, tmp_path):
     )
     manifest = store.get("maml")
     assert (ref.name, ref.version, ref.digest) == ("maml", 2, manifest.params_digest)
-    assert ref.uri == (store.root / "names/maml/versions/00000002.json").as_uri()
+    assert ref.uri == storage.uri("names/maml/versions/00000002.json")
     assert str(ref) == "maml:2" and manifest.spec == "maml:2"
     assert manifest.schema_version == 1
     assert manifest.created_at.utcoffset() is not None
@@ -138,14 +147,14 @@ def test_manifest_records_everything_about_a_version(store, tmp_path):
         "config.json",
         "eval.json",
         "history.json",
+        "learning_curve.json",
         "learning_curve.png",
         "metrics.json",
         "notes.md",
         "params.safetensors",
     ]
     for file_name, entry in manifest.files.items():
-        blob = store.root / "blobs" / "sha256" / entry.digest[7:9] / entry.digest[7:]
-        assert blob.stat().st_size == entry.size, file_name
+        assert len(storage.read(blob_key(entry.digest))) == entry.size, file_name
     assert json.loads(store.read_file(ref, "metrics.json")) == manifest.metrics
     assert json.loads(store.read_file(ref, "config.json")) == manifest.config
     assert json.loads(store.read_file(ref, "history.json"))["loss"] == [3.0, 1.0, 0.25]
@@ -249,7 +258,7 @@ def test_get_resolve_and_listing(store):
         assert ref.digest == store.get("maml", version=version).params_digest
 
 
-def test_missing_names_versions_aliases_and_files_say_what_exists(store):
+def test_missing_names_versions_aliases_and_files_say_what_exists(store, storage):
     _publish(store)
     _publish(store, seed=1)
     root = store.root
@@ -273,11 +282,15 @@ def test_missing_names_versions_aliases_and_files_say_what_exists(store):
         with pytest.raises(ArtifactNotFoundError) as raised:
             call()
         assert str(raised.value) == message
-    empty = ArtifactStore(root.parent / "empty")
+    nothing = storage.sibling("empty")
+    empty = nothing.store()
     with pytest.raises(ArtifactNotFoundError, match=r"\(the store has no artifacts yet\)$"):
         empty.get("maml")
     assert empty.list_names() == []
-    assert not empty.root.exists()
+    assert empty.list_versions("maml") == [] and empty.aliases("maml") == {}
+    assert nothing.listed() == []
+    if nothing.kind == "local":
+        assert not Path(nothing.root).exists()
 
 
 def test_lineage_walks_parents_newest_first(store):
@@ -294,7 +307,7 @@ def test_lineage_walks_parents_newest_first(store):
     )
 
 
-def test_invalid_inputs_are_refused_with_what_was_found(store):
+def test_invalid_inputs_are_refused_with_what_was_found(store, storage):
     cases = [
         ({"params": [1]}, "params must be a dict {module_id: {param_name: Tensor}}, got list"),
         (
@@ -346,7 +359,7 @@ def test_invalid_inputs_are_refused_with_what_was_found(store):
         with pytest.raises(ArtifactError) as raised:
             store.publish("maml", params, **fields)
         assert str(raised.value).startswith(message), str(raised.value)
-    assert not store.root.exists()
+    assert storage.listed() == []
 
 
 def test_export_writes_a_standalone_safetensors_file_and_the_manifest(store, tmp_path):
@@ -355,6 +368,7 @@ def test_export_writes_a_standalone_safetensors_file_and_the_manifest(store, tmp
     assert sorted(p.name for p in written) == [
         "config.json",
         "history.json",
+        "learning_curve.json",
         "learning_curve.png",
         "manifest.json",
         "metrics.json",
@@ -372,19 +386,22 @@ def test_export_writes_a_standalone_safetensors_file_and_the_manifest(store, tmp
         store.export(ref, tmp_path / "out")
 
 
-def test_identical_content_is_stored_once(store):
+def test_identical_content_is_stored_once(store, storage):
     _publish(store)
     _publish(store)
     assert store.list_versions("maml") == [1, 2]
-    blobs = list((store.root / "blobs" / "sha256").glob("*/*"))
+    blobs = storage.listed("blobs/")
     assert len(blobs) == 3  # params, metrics.json, config.json shared by both versions
-    assert all(oct(p.stat().st_mode & 0o777) == "0o444" for p in blobs)
+    if storage.kind == "local":
+        modes = {oct(Path(storage.root, blob).stat().st_mode & 0o777) for blob in blobs}
+        assert modes == {"0o444"}
 
 
-def test_importing_the_store_loads_neither_torch_ray_prefect_nor_matplotlib():
+def test_importing_the_store_loads_neither_torch_ray_prefect_matplotlib_nor_boto3():
     code = (
         "import sys, pipeline.artifacts, flows.cli.artifacts\n"
-        "print(sorted(m for m in ('torch', 'ray', 'prefect', 'matplotlib') if m in sys.modules))"
+        "heavy = ('torch', 'ray', 'prefect', 'matplotlib', 'boto3', 'botocore')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],

@@ -162,7 +162,7 @@ def test_training_resumed_from_a_checkpoint_ends_where_an_uninterrupted_run_ends
     tmp_path: Path,
 ) -> None:
     batches = _meta_batches(10)
-    settings = {"stop": 10, "log_every": 3, "checkpoint_every": 4}
+    settings = {"stop": 10, "log_every": 3, "checkpoint_every": 4, "history_every": 2}
 
     straight = MetaLearner(CONFIG)
     straight_history = run_meta_training(straight, batches, start=0, **settings)
@@ -189,7 +189,8 @@ def test_training_resumed_from_a_checkpoint_ends_where_an_uninterrupted_run_ends
     assert resumed.weights_seq_no == straight.weights_seq_no == 10
     _assert_same(resumed.get_state()["params"], straight.get_state()["params"])
     assert history == straight_history
-    assert len(history["query_loss"]) == 4  # iterations 3, 6, 9 and the last one
+    assert history["iteration"] == [2, 4, 6, 8, 10]  # history_every, whatever log_every is
+    assert len(history["query_loss"]) == 5
 
 
 def test_the_loop_refuses_too_few_meta_batches() -> None:

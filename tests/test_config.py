@@ -78,13 +78,13 @@ def test_learners_section_is_a_meta_config_plus_placement() -> None:
         (["learners.inner.lr=-1"], "learners.inner.lr: Input should be greater than 0 (got -1)"),
         (
             ["tasks.suport=3"],
-            "tasks.suport: unknown field; expected one of: meta_batch, query, seed, "
-            "skip_small_tasks, support",
+            "tasks.suport: unknown field; expected one of: memory_budget_mb, meta_batch, "
+            "mode, query, seed, skip_small_tasks, support",
         ),
         (
             ["learners.modules.default_policy.bogus=1"],
             "learners.modules.default_policy.bogus: unknown field; expected one of: "
-            "action_dim, loss, model, obs_dim",
+            "action_dim, data_module, loss, model, obs_dim",
         ),
         (
             ["evaluation.steps=[1, 5]"],

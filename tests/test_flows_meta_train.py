@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from learners.meta import MetaLearner
 from pipeline.artifacts import ArtifactStore, Manifest
 from pipeline.dataset import inspect_episodes
 from tests.flow_runs import tiny_config, tiny_document, tiny_point_robot, write_config
+from tests.published_pictures import PICTURES
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_session")
 
@@ -114,7 +116,10 @@ def test_the_published_version_records_its_lineage(first_run: FirstRun) -> None:
     assert lineage.code_version.removesuffix("+dirty") == head
     assert manifest.config == tiny_config(first_run.data, first_run.work).model_dump(mode="json")
     assert manifest.metrics["iterations"] == 12
-    assert {"history.json", "learning_curve.png"} <= set(manifest.files)
+    assert {
+        "history.json",
+        *(f"{picture}.{kind}" for picture in PICTURES for kind in ("png", "json")),
+    } <= set(manifest.files)
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(UUID(lineage.flow_run_id))
     assert flow_run.state.is_completed()
@@ -141,7 +146,15 @@ def test_prefect_shows_the_version_as_link_table_markdown_and_progress(
     assert first_run.manifest.spec in by_key[keys["link"]].data
     assert "file://" in by_key[keys["link"]].data
     assert "query loss, before adaptation" in by_key[keys["table"]].data
-    assert "# tiny-robot:1" in by_key[keys["markdown"]].data
+    markdown = by_key[keys["markdown"]].data
+    assert "# tiny-robot:1" in markdown
+    for picture in PICTURES:
+        assert f"- `{picture}.png` (" in markdown and f"data: `{picture}.json`)" in markdown
+    root = first_run.work / "artifacts"
+    assert (
+        f"They are files of `tiny-robot:1` in the artifact store `{root}`; write them out with "
+        f"`offmeta artifacts export tiny-robot:1 DIR --root {root}`."
+    ) in markdown
     assert by_key[keys["progress"]].data == 100.0
 
 
@@ -201,3 +214,10 @@ def test_warm_start_continues_from_latest_and_records_the_parent(first_run: Firs
     assert manifest.lineage.parent == "tiny-robot:1"
     assert manifest.lineage.weights_seq_no == 24
     assert [m.spec for m in first_run.store.lineage(summary.artifact)][-1] == "tiny-robot:1"
+    # The adaptation picture shows this version against the parent it started from.
+    adaptation = json.loads(first_run.store.read_file(summary.artifact, "adaptation.json"))
+    parent = json.loads(first_run.store.read_file("tiny-robot:1", "evaluation.json"))
+    assert [c["label"] for c in adaptation["curves"]] == ["this version", "parent tiny-robot:1"]
+    assert adaptation["curves"][0]["mean"] == list(summary.evaluation.query_loss.values())
+    assert adaptation["curves"][1]["mean"] == list(parent["query_loss"].values())
+    assert adaptation["curves"][1]["per_task"] == parent["query_loss_per_task"]

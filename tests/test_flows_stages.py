@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -21,6 +22,7 @@ from pipeline.artifacts import ArtifactStore
 from pipeline.schema import DatasetError
 from pipeline.synthetic import SinusoidTasks, generate
 from tests.flow_runs import tiny_config, tiny_point_robot
+from tests.published_pictures import check_published_pictures
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -42,18 +44,26 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
     assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000008", "ckpt-00000012"]
     assert trained.iterations == trained.weights_seq_no == 12
     assert trained.resumed_from is None and trained.parent is None
+    # history_points (100) exceeds the 12 iterations: a point after every one.
+    assert trained.history["iteration"] == list(range(1, 13))
     assert {name: len(values) for name, values in trained.history.items()} == {
-        "query_loss": 3,
-        "support_loss_before": 3,
-        "support_loss_after": 3,
-        "grad_norm": 3,
+        "iteration": 12,
+        "query_loss": 12,
+        "support_loss_before": 12,
+        "support_loss_after": 12,
+        "grad_norm": 12,
     }
     assert trained.final_metrics["query_loss"] == trained.history["query_loss"][-1]
+    assert "iteration" not in trained.final_metrics
 
     report = evaluate_learner.fn(cfg, trained, datasets)
     assert report.tasks == 4
     assert list(report.query_loss) == [0, 1, 5, 10]
-    assert list(report.returns) == ["unadapted", "adapted", "expert"]
+    assert list(report.returns) == ["unadapted", "adapted", "expert", "behavior"]
+    # The behaviour data's mean episode return: every held-out reward once, per episode.
+    rewards = pq.read_table(datasets.heldout.files[0], columns=["rewards"]).column("rewards")
+    behavior = float(np.asarray(rewards, dtype=np.float64).sum()) / datasets.heldout.num_episodes
+    assert report.returns["behavior"] == pytest.approx(behavior, rel=1e-12)
     assert (report.environment, report.rollout_episodes, report.rollout_adapt_steps) == (
         "point_robot",
         2,
@@ -74,11 +84,63 @@ def test_the_four_stages_run_through_task_fn(data: Path, tmp_path: Path) -> None
     assert {"history.json", "learning_curve.png", LEARNER_TENSORS, LEARNER_JSON} <= set(
         manifest.files
     )
+    check_published_pictures(store, ref, trained, report)
     # The attached learner state rebuilds the learner, learned state and all.
     rebuilt = load_learner(str(ref), root=cfg.artifacts.root)
     assert rebuilt.get_state()["optimizer"]["state"]
     for name, tensor in store.load_params(ref)["default_policy"].items():
         assert torch.equal(rebuilt.meta_params["default_policy"][name], tensor)
+
+
+def test_macaw_trains_evaluates_and_publishes_through_the_stages(
+    data: Path, tmp_path: Path
+) -> None:
+    cfg = tiny_config(
+        data,
+        tmp_path,
+        [
+            "learners.algorithm=macaw",
+            "learners.inner={}",
+            "learners.modules.default_policy.model.head=mean_advantage",
+            "learners.modules.value={obs_dim: 2, action_dim: 1, model: {hidden_sizes: [8]}}",
+            "evaluation.rollout_adapt_steps=1",
+        ],
+    )
+    datasets = validate_dataset.fn(cfg)
+    trained = train_learner.fn(cfg, datasets, str(tmp_path / "runs" / "local"))
+    assert trained.weights_seq_no == 12
+    assert trained.tasks["modules"] == ["default_policy"]  # the value function reads its rows
+    report = evaluate_learner.fn(cfg, trained, datasets)
+    assert list(report.returns) == ["unadapted", "adapted", "expert", "behavior"]
+    # The rollouts picture runs the policy, not the value function (two modules trained).
+    assert report.trajectories is not None and report.trajectories["goals"]
+    ref = publish_result.fn(cfg, trained, report, datasets, "local")
+    store = ArtifactStore(cfg.artifacts.root)
+    manifest = store.get(str(ref))
+    assert manifest.config["learners"]["algorithm"] == "macaw"
+    check_published_pictures(store, ref, trained, report)
+    learner = load_learner(str(ref), root=cfg.artifacts.root)
+    assert sorted(learner.meta_params) == ["default_policy", "value"]
+
+
+def test_a_critic_must_declare_the_observation_size_of_the_rows_it_reads(
+    data: Path, tmp_path: Path
+) -> None:
+    cfg = tiny_config(
+        data,
+        tmp_path,
+        [
+            "learners.algorithm=macaw",
+            "learners.modules.default_policy.model.head=mean_advantage",
+            "learners.modules.value={obs_dim: 3, action_dim: 1}",
+        ],
+    )
+    with pytest.raises(DatasetError) as error:
+        validate_dataset.fn(cfg)
+    assert str(error.value) == (
+        f"train dataset {data / 'train'}: observations have shape [2] (2 values) but "
+        "learners.modules.value.obs_dim is 3; expected obs_dim: 2"
+    )
 
 
 def test_a_module_that_does_not_fit_the_data_is_refused(data: Path, tmp_path: Path) -> None:
@@ -180,3 +242,22 @@ def test_the_report_table_compares_with_before_adaptation() -> None:
         "heldout_return_adapted": -6.5,
         "heldout_return_expert": -4.5,
     }
+
+
+def test_the_report_shows_the_behaviour_data_beside_the_policies() -> None:
+    report = EvaluationReport(
+        tasks=40,
+        support=20,
+        query=20,
+        query_loss={0: 17.0, 1: 13.0},
+        returns={"unadapted": -20.0, "adapted": -10.0, "expert": -4.5, "behavior": -13.3},
+        environment="point_robot",
+        rollout_episodes=10,
+        rollout_adapt_steps=1,
+    )
+    assert report.format().splitlines()[-3:] == [
+        "return, adapted (1 step)         -10     +10",
+        "return, expert                  -4.5   +15.5",
+        "return, behavior data          -13.3    +6.7",
+    ]
+    assert report.metrics()["heldout_return_behavior"] == -13.3

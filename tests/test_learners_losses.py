@@ -7,9 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tolerances import largest, rounding_tolerance
+from torch import nn
 
 from learners import (
     MetaLearner,
+    ModuleCall,
     ModuleSpec,
     build_models,
     cross_entropy_loss,
@@ -19,20 +21,42 @@ from learners import (
 )
 
 
-def user_loss(outputs, batch):
+def user_loss(call, batch):
     """An L1 loss, referenced from config as '<this module>:user_loss'."""
+    outputs = call(call.module_id, batch["obs"])
     return (outputs.reshape(batch["actions"].shape) - batch["actions"]).abs().mean()
+
+
+class _Fixed(nn.Module):
+    """A module whose forward returns the outputs it was built with, whatever the input."""
+
+    def __init__(self, outputs):
+        super().__init__()
+        self.outputs = outputs
+
+    def forward(self, obs):
+        return self.outputs
+
+
+def _loss(loss, outputs, columns):
+    """`loss` of a module 'm' that outputs `outputs`, on `columns` plus a dummy `obs`."""
+    rows = columns["actions"].shape[0]
+    call = ModuleCall("m", {"m": _Fixed(outputs)}, {"m": {}}, {})
+    return loss(call, {"obs": torch.zeros(rows, 1), **columns})
 
 
 def test_mse_matches_torch_and_accepts_flat_targets():
     outputs, target = torch.randn(5, 1), torch.randn(5)
-    assert torch.equal(mse_loss(outputs, {"actions": target}), F.mse_loss(outputs[:, 0], target))
+    assert torch.equal(
+        _loss(mse_loss, outputs, {"actions": target}), F.mse_loss(outputs[:, 0], target)
+    )
     gaussian = {"mean": outputs, "log_std": torch.zeros(5, 1)}
     assert torch.equal(
-        mse_loss(gaussian, {"actions": target}), mse_loss(outputs, {"actions": target})
+        _loss(mse_loss, gaussian, {"actions": target}),
+        _loss(mse_loss, outputs, {"actions": target}),
     )
     with pytest.raises(ValueError) as error:
-        mse_loss(torch.randn(5, 2), {"actions": target})
+        _loss(mse_loss, torch.randn(5, 2), {"actions": target})
     assert str(error.value) == (
         "mse: model output shape (5, 2) does not match actions shape (5,); "
         "check the module's action_dim"
@@ -43,7 +67,7 @@ def test_gaussian_nll_is_the_normal_log_likelihood():
     mean, log_std, actions = torch.randn(4, 3), torch.randn(4, 3) * 0.3, torch.randn(4, 3)
     per_dim = torch.distributions.Normal(mean, log_std.exp()).log_prob(actions)
     expected = -per_dim.sum(-1).mean()
-    loss = gaussian_nll_loss({"mean": mean, "log_std": log_std}, {"actions": actions})
+    loss = _loss(gaussian_nll_loss, {"mean": mean, "log_std": log_std}, {"actions": actions})
     # Two float32 formulas of about 10 rounded operations per entry (exp and log within an ulp
     # or two), a sum of 3 and a mean of 4: under 20 operations on at most a row's sum.
     atol = rounding_tolerance(torch.float32, magnitude=largest([per_dim.abs().sum(-1)]), ops=20)
@@ -51,16 +75,16 @@ def test_gaussian_nll_is_the_normal_log_likelihood():
     with pytest.raises(
         TypeError, match=r"gaussian_nll expects the model to return \{'mean', 'log_std'\}"
     ):
-        gaussian_nll_loss(mean, {"actions": actions})
+        _loss(gaussian_nll_loss, mean, {"actions": actions})
 
 
 def test_cross_entropy_needs_int64_class_indices():
     logits, actions = torch.randn(6, 4), torch.randint(0, 4, (6,))
     assert torch.equal(
-        cross_entropy_loss(logits, {"actions": actions}), F.cross_entropy(logits, actions)
+        _loss(cross_entropy_loss, logits, {"actions": actions}), F.cross_entropy(logits, actions)
     )
     with pytest.raises(TypeError) as error:
-        cross_entropy_loss(logits, {"actions": actions.float()})
+        _loss(cross_entropy_loss, logits, {"actions": actions.float()})
     assert str(error.value) == (
         "cross_entropy expects int64 actions (class indices), got torch.float32; "
         "discrete datasets store actions as int64"

@@ -30,6 +30,17 @@ def test_each_reduction():
     assert second["loss"] == 3.0  # the window slides, it is not cleared
 
 
+def test_a_reduce_without_reset_leaves_the_period_to_the_next_one():
+    logger = MetricsLogger(window=3)
+    for value in (1.0, 2.0):
+        logger.log("steps", 1, reduce="sum")
+        logger.log("loss", value)
+    assert logger.reduce(reset=False) == {"steps": 2, "loss": 1.5}
+    logger.log("steps", 1, reduce="sum")
+    assert logger.reduce() == {"steps": 3, "loss": 1.5}  # the whole period since the last reset
+    assert logger.reduce()["steps"] == 0
+
+
 def test_throughput_is_the_period_sum_per_second(monkeypatch):
     clock = iter([100.0, 102.0, 102.0, 103.0, 103.0])
     monkeypatch.setattr("learners.metrics._clock", lambda: next(clock))

@@ -1,5 +1,6 @@
-"""Read-ahead over Ray executions: order, the two-window bound, errors, early close;
-and the zero-copy re-cutting of blocks into super-batches."""
+"""Read-ahead over Ray executions: order, the two-window bound, errors, early close,
+reading across the epoch boundary; and the zero-copy re-cutting of blocks into
+super-batches."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.epoch_sources import cut_tables
-from pipeline.read_ahead import file_windows, read_ahead
+from pipeline.read_ahead import EpochReads, read_ahead
 
 
 def _values(tables) -> list[int]:
@@ -23,14 +24,6 @@ def _dataset(start: int, stop: int, blocks: int = 3):
 
     pieces = np.array_split(np.arange(start, stop), blocks)
     return ray.data.from_arrow([pa.table({"x": piece}) for piece in pieces])
-
-
-def test_file_windows_cut_by_size_and_keep_order():
-    files = ["a", "b", "c", "d", "e"]
-    assert file_windows(files, [40, 40, 30, 100, 10], 100) == [["a", "b"], ["c"], ["d"], ["e"]]
-    assert file_windows(files, [1] * 5, 100) == [files]
-    assert file_windows(["big"], [500], 100) == [["big"]]
-    assert file_windows([], [], 100) == []
 
 
 def test_cut_tables_gives_exact_sizes_across_inputs_without_copying():
@@ -111,3 +104,89 @@ def test_closing_early_stops_the_helper_threads(ray_session):
     next(blocks)
     blocks.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("read-ahead-test")]
+
+
+def test_a_failure_to_list_the_windows_is_relayed(ray_session):
+    def windows():
+        yield lambda: _dataset(0, 10)
+        raise OSError("listing failed")
+
+    with pytest.raises(OSError, match="listing failed"):
+        list(read_ahead(windows()))
+
+
+class _Epochs:
+    """Three windows of three blocks per epoch; epoch ``e`` holds rows ``[1000 e, 1000 e +
+    300)``. Records, for every window built, how many blocks the consumer had taken."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.built: list[tuple[int, int, int]] = []  # (epoch, window, blocks taken)
+
+    def windows(self, epoch: int) -> list:
+        return [lambda w=w: self._build(epoch, w) for w in range(3)]
+
+    def _build(self, epoch: int, window: int):
+        self.built.append((epoch, window, self.taken))
+        start = 1000 * epoch + 100 * window
+        return _dataset(start, start + 100, blocks=3)
+
+    def consume(self, tables) -> list[int]:
+        values = []
+        for table in tables:
+            time.sleep(0.02)  # a slow consumer: reads run ahead as far as they may
+            self.taken += 1
+            values += table.column("x").to_pylist()
+        return values
+
+
+def _read_ahead_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("epoch-reads-test")]
+
+
+@pytest.mark.timeout(120)
+def test_epoch_reads_start_the_next_epoch_while_the_last_window_is_taken(ray_session):
+    epochs = _Epochs()
+    reads = EpochReads(epochs.windows, name="epoch-reads-test")
+    try:
+        assert epochs.consume(reads.tables(0)) == list(range(300))
+        # Epoch 1's first window was built once epoch 0's second window was taken (six
+        # blocks), before the consumer reached the end of epoch 0 (nine blocks)...
+        assert (1, 0, 6) in epochs.built
+        # ...and no further: at most two windows are held across the boundary.
+        assert [b for b in epochs.built if b[0] == 1] == [(1, 0, 6)]
+        assert epochs.consume(reads.tables(1)) == list(range(1000, 1300))
+        # The read went on from epoch 0 into epoch 1: every window was built once.
+        assert sorted(b[:2] for b in epochs.built if b[0] <= 1) == [
+            (e, w) for e in (0, 1) for w in range(3)
+        ]
+    finally:
+        reads.close()
+    assert _read_ahead_threads() == []
+
+
+@pytest.mark.timeout(120)
+def test_epoch_reads_restart_at_an_epoch_that_does_not_follow(ray_session):
+    epochs = _Epochs()
+    reads = EpochReads(epochs.windows, name="epoch-reads-test")
+    try:
+        first = reads.tables(0)
+        next(first)
+        first.close()  # left mid-epoch: the read stops
+        assert _read_ahead_threads() == []
+        assert epochs.consume(reads.tables(0)) == list(range(300))
+        # A resume at epoch 5 after epoch 0: a new read, from epoch 5's first window.
+        assert epochs.consume(reads.tables(5)) == list(range(5000, 5300))
+        assert [b[:2] for b in epochs.built if b[0] == 5][:1] == [(5, 0)]
+    finally:
+        reads.close()
+        reads.close()
+    assert _read_ahead_threads() == []
+
+
+def test_epoch_reads_refuse_an_epoch_without_windows(ray_session):
+    reads = EpochReads(lambda epoch: [], name="epoch-reads-test")
+    with pytest.raises(ValueError, match="epoch 3 has no window to read: expected at least one"):
+        list(reads.tables(3))
+    reads.close()
+    assert _read_ahead_threads() == []

@@ -167,6 +167,48 @@ def test_reading_a_file_per_window_gives_the_same_batches(episodes, monkeypatch)
 
 
 @pytest.mark.timeout(120)
+def test_a_resume_across_the_epoch_boundary_while_reading_ahead_is_exact(episodes, monkeypatch):
+    """A file per window: when the state is saved, two minibatches before the end of epoch
+    0, epoch 1's first window is already read ahead; state() counts taken batches only."""
+    monkeypatch.setattr("pipeline.epoch_sources._WINDOW_BYTES", 1)
+    streams = _streams(episodes, 2, seed=6)
+    _lockstep(streams, PER_EPOCH // 2 - 2)
+    saved = [stream.state() for stream in streams]
+    expected = _lockstep(streams, 6)
+    for stream in streams:
+        stream.close()
+    assert _stream_threads() == []
+    resumed = _streams(episodes, 2, seed=6)
+    for stream, state in zip(resumed, saved, strict=True):
+        stream.restore(state)
+    got = _lockstep(resumed, 6)
+    crossed = [stream.state() for stream in resumed]
+    for stream in resumed:
+        stream.close()
+
+    assert [(s["epoch"], s["batches_consumed"]) for s in saved] == [(0, PER_EPOCH // 2 - 2)] * 2
+    assert [(s["epoch"], s["batches_consumed"]) for s in crossed] == [(1, 4)] * 2
+    for mine, theirs in zip(expected, got, strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+    assert _stream_threads() == []
+
+
+def _lockstep(streams: list[LearnerStream], steps: int) -> list[list[np.ndarray]]:
+    """A batch from every learner in turn (learners of one split consume together)."""
+    taken: list[list[np.ndarray]] = [[] for _ in streams]
+    for _ in range(steps):
+        for mine, stream in zip(taken, streams, strict=True):
+            mine += _take_ids(stream, 1)
+    return taken
+
+
+def _stream_threads() -> list[str]:
+    """Producer and read-ahead threads: close() joins them (with timeouts)."""
+    prefixes = ("offmeta-stream-", "offmeta-read-ahead")
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefixes)]
+
+
+@pytest.mark.timeout(120)
 def test_two_learners_resume_exactly_and_refuse_mismatched_epochs(cached):
     def lockstep(streams, steps):
         taken = [[] for _ in streams]

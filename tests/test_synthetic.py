@@ -129,6 +129,61 @@ def test_point_robot_round_trip_follows_the_environment(tmp_path):
     assert not table.column("terminateds").to_numpy().any()
 
 
+def test_point_robot_behaviours_mixed_shares_are_exact_and_recorded(tmp_path):
+    family = PointRobotTasks(episodes_per_task=4, behavior="mixed", random_share=0.5)
+    written = generate(family, tmp_path / "mixed", tasks=6, heldout_tasks=1)
+    train = inspect_episodes(written["train"])
+    assert "behavior" in train.schema.extra_columns
+    assert train.metadata["generator"]["args"]["behavior"] == "mixed"
+    assert train.metadata["description"].endswith(
+        "mixed, 0.5 random policy and the rest noisy expert"
+    )
+    table = pq.read_table(train.files[0])
+    behavior = np.array(table.column("behavior").to_pylist())
+    eps = table.column("eps_id").to_numpy()
+    tasks = table.column("task_id").to_pylist()
+    actions = table.column("actions").combine_chunks().to_numpy_ndarray()
+    obs = table.column("obs").combine_chunks().to_numpy_ndarray()
+    for task_id, described in train.metadata["tasks"].items():
+        rows = np.array([t == task_id for t in tasks])
+        episodes = sorted(set(eps[rows].tolist()))
+        # dataset.json lists each of the task's episodes' behaviour, in eps_id order.
+        per_episode = [behavior[eps == e][0] for e in episodes]
+        assert described["behaviors"] == per_episode
+        assert sorted(per_episode) == ["noisy_expert"] * 2 + ["random"] * 2
+        for e in episodes:
+            assert len(set(behavior[eps == e])) == 1  # one behaviour per episode
+    # Noisy-expert episodes head for their goal; random ones do not on average.
+    goals = np.array([train.metadata["tasks"][t]["goal"] for t in tasks])
+    toward = np.sum(actions * (goals - obs), axis=-1)
+    assert toward[behavior == "noisy_expert"].mean() > 5 * abs(toward[behavior == "random"].mean())
+    # The default behaviour writes no behaviour column; the expert moves without noise.
+    noisy = inspect_episodes(
+        generate(PointRobotTasks(), tmp_path / "noisy", tasks=1, heldout_tasks=1)["train"]
+    )
+    assert "behavior" not in noisy.schema.extra_columns
+    expert_dir = generate(
+        PointRobotTasks(behavior="expert"), tmp_path / "expert", tasks=2, heldout_tasks=1
+    )
+    expert = pq.read_table(inspect_episodes(expert_dir["train"]).files[0])
+    speeds = np.linalg.norm(expert.column("actions").combine_chunks().to_numpy_ndarray(), axis=-1)
+    first = expert.column("t").to_numpy() == 0
+    # From the start (within 0.05 of the origin, 1 from the goal) the expert moves at full speed.
+    np.testing.assert_allclose(speeds[first], MAX_ACTION, rtol=0, atol=1e-7)
+
+
+def test_point_robot_refuses_unknown_behaviours_and_fractional_episode_shares():
+    with pytest.raises(ValueError) as caught:
+        PointRobotTasks(behavior="greedy")
+    assert str(caught.value) == "behavior must be one of expert, noisy, mixed, got 'greedy'"
+    with pytest.raises(ValueError) as caught:
+        PointRobotTasks(behavior="mixed", random_share=0.5, episodes_per_task=5)
+    assert str(caught.value) == (
+        "random_share 0.5 of 5 episodes per task is 2.5 episodes; expected a share that gives "
+        "whole episodes, e.g. 0.4"
+    )
+
+
 def test_generate_refuses_a_used_directory_and_bad_counts(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "old.parquet").write_text("x")

@@ -11,7 +11,7 @@ from pipeline.dataset import inspect_episodes
 from pipeline.synthetic import GENERATORS, generate
 
 SAMPLES = Path(__file__).resolve().parent.parent / "data" / "samples"
-NAMES = ("sinusoid", "point_robot")
+NAMES = ("sinusoid", "point_robot", "point_robot_mixed")
 _RUN_ARGUMENTS = ("tasks", "heldout_tasks", "seed", "rows_per_file")
 
 
@@ -26,7 +26,8 @@ def test_sample_is_rebuilt_from_its_recorded_arguments(tmp_path, name):
     args = dict(committed["train"].metadata["generator"]["args"])
     run = {key: args.pop(key) for key in _RUN_ARGUMENTS}
 
-    written = generate(GENERATORS[name](**args), tmp_path, **run)
+    family = GENERATORS[committed["train"].metadata["generator"]["name"]]
+    written = generate(family(**args), tmp_path, **run)
 
     for split, directory in written.items():
         assert inspect_episodes(directory).fingerprint == committed[split].fingerprint

@@ -86,6 +86,7 @@ def test_meta_batches_are_shaped_disjoint_and_cover_each_task_once(samples):
     assert len(used) == SAMPLES * (K + Q) and len(np.unique(used)) == len(used)
     assert not np.array_equal(used, np.concatenate([_ids(m, "support").ravel() for m in following]))
     assert samples.summary() == {
+        "mode": "memory",
         "support": K,
         "query": Q,
         "tasks": 6,
@@ -207,7 +208,9 @@ def test_task_sample_arguments_are_checked(episodes, samples):
         task_samples(episodes, support=0, query=Q)
     with pytest.raises(ValueError, match=r"columns \['task_id'\] group the rows"):
         task_samples(episodes, support=K, query=Q, columns=["obs", "task_id"])
-    with pytest.raises(ValueError, match=r"task samples are already in memory"):
+    with pytest.raises(
+        ValueError, match=r"task samples come with their columns, modules_to_update and gamma"
+    ):
         split_for_learners(samples, 1, minibatch_size=2, columns=["obs"])
     with pytest.raises(ValueError, match=r"ranks must be distinct learners in \[0, 2\)"):
         split_for_learners(samples, 2, minibatch_size=2, ranks=[2])

@@ -2,7 +2,10 @@
 
 Each command group lives in its own module of this package and exposes
 ``register(subparsers)``; heavy imports (Ray, torch, Prefect) happen inside the
-handlers so that ``offmeta --help`` and the artifact commands start quickly.
+handlers so that ``offmeta --help`` and the artifact commands start quickly. A command
+line that names its command imports only that command's module: ``offmeta artifacts``
+never imports the training side (``flows.config``, ``learners``), so it runs in a light
+install without Ray or Prefect.
 """
 
 from __future__ import annotations
@@ -13,24 +16,42 @@ import sys
 from collections.abc import Sequence
 
 _GROUPS = ("data", "artifacts", "run")
+"""Modules of this package; each registers its commands."""
+_MODULE_OF = {"serve": "run"}
+"""Commands registered by a module of another name."""
+# What `pip install offmeta` leaves out and `offmeta[train]` brings.
+_TRAINING_PACKAGES = frozenset({"ray", "prefect", "pyarrow"})
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser for every command, or only for ``command`` when it is a known one."""
     parser = argparse.ArgumentParser(
         prog="offmeta",
         description="Offline meta-training: datasets, training runs and versioned artifacts.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in _GROUPS:
-        module = importlib.import_module(f"flows.cli.{group}")
-        module.register(subparsers)
+    module = _MODULE_OF.get(command or "", command)
+    for name in [module] if module in _GROUPS else _GROUPS:
+        importlib.import_module(f"flows.cli.{name}").register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the process exit code."""
-    args = build_parser().parse_args(argv)
-    return int(args.handler(args) or 0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except ModuleNotFoundError as error:
+        package = (error.name or "").split(".")[0]
+        if package not in _TRAINING_PACKAGES:
+            raise
+        print(
+            f"offmeta {args.command}: error: this command needs the training extra, and "
+            f"{package!r} is not installed; install it with: pip install 'offmeta[train]'",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def run() -> None:

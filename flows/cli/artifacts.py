@@ -1,9 +1,10 @@
 """``offmeta artifacts``: list, show, verify, alias, export and gc published artifacts.
 
-Every subcommand takes ``--root`` (default ``$OFFMETA_ARTIFACTS``, else ``./artifacts``)
-and ``--json``. Errors print one line to stderr and exit with status 1. The store is
-imported when a command runs (``offmeta --help`` does not pay for pydantic), and it
-imports neither torch, Ray nor Prefect, so these commands start fast.
+Every subcommand takes ``--root`` (a directory, a ``file://`` URI or ``s3://bucket/prefix``;
+default ``$OFFMETA_ARTIFACTS``, else ``./artifacts``) and ``--json``. Errors print one line
+to stderr and exit with status 1. The store is imported when a command runs (``offmeta
+--help`` does not pay for pydantic), and it imports neither torch, Ray nor Prefect, so these
+commands start fast and work in a light install.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common.add_argument(
         "--root",
         default=None,
-        help=f"store directory or file:// URI (default: ${_ROOT_ENV}, else ./artifacts)",
+        help=f"store directory, file:// URI or s3://bucket/prefix (default: ${_ROOT_ENV}, "
+        "else ./artifacts); S3 endpoint and credentials come from the AWS_* variables",
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
@@ -78,6 +80,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     gc = commands.add_parser(
         "gc", parents=[common], help="remove leftovers of interrupted publishes"
+    )
+    gc.add_argument(
+        "--older-than",
+        type=float,
+        metavar="SECONDS",
+        help="only remove leftovers older than this (default: 0 for a directory, where gc "
+        "waits for running publishes; 3600 on S3, where it cannot)",
     )
     gc.set_defaults(handler=_handler(_gc))
 
@@ -185,6 +194,14 @@ def _show(store: ArtifactStore, args: argparse.Namespace) -> int:
         for name, entry in sorted(manifest.files.items())
     ]
     _print_table(["FILE", "SIZE", "TYPE", "DIGEST"], file_rows, indent="  ")
+    pictures = [
+        name for name, entry in sorted(manifest.files.items()) if entry.media_type == "image/png"
+    ]
+    if pictures:
+        print(
+            f"pictures: {', '.join(pictures)} (write them out: offmeta artifacts export "
+            f"{manifest.spec} DIR)"
+        )
     return 0
 
 
@@ -246,7 +263,7 @@ def _export(store: ArtifactStore, args: argparse.Namespace) -> int:
 
 
 def _gc(store: ArtifactStore, args: argparse.Namespace) -> int:
-    report = store.gc()
+    report = store.gc(older_than=args.older_than)
     if args.json:
         return _print_json(vars(report))
     print(

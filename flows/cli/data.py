@@ -1,7 +1,9 @@
-"""``offmeta data``: generate synthetic datasets and validate datasets on disk.
+"""``offmeta data``: generate synthetic datasets, import other tools' recordings, validate
+and compact datasets on disk.
 
 ``validate`` runs every check ``read_episodes`` runs, without starting Ray: it reads
 footers, ``dataset.json``, the id and flag columns and the file bytes (for the fingerprint).
+``compact`` rewrites a dataset into well-sized files sorted by (task_id, eps_id, t).
 """
 
 from __future__ import annotations
@@ -17,12 +19,21 @@ _GENERATOR_OPTIONS: dict[str, list[tuple[str, type, str]]] = {
         ("--episodes-per-task", int, "expert episodes per goal (default 5)"),
         ("--noise-std", float, "Gaussian noise on each expert action component (default 0.03)"),
         ("--random-fraction", float, "fraction of random actions (default 0.1)"),
+        (
+            "--behavior",
+            str,
+            "expert (noise-free), noisy (default: the noisy expert) or mixed (random-policy "
+            "and noisy-expert episodes)",
+        ),
+        ("--random-share", float, "mixed: share of random-policy episodes per task (default 0.4)"),
     ],
 }
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    data = subparsers.add_parser("data", help="generate and validate episode datasets")
+    data = subparsers.add_parser(
+        "data", help="generate, import, validate and compact episode datasets"
+    )
     commands = data.add_subparsers(dest="data_command", required=True, metavar="COMMAND")
 
     generate = commands.add_parser(
@@ -69,6 +80,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     validate.add_argument("--json", action="store_true", help="print summaries as JSON lines")
     validate.set_defaults(handler=_validate)
+    _register_import(commands)
+
+
+def _register_import(commands: argparse._SubParsersAction) -> None:
+    importer = commands.add_parser(
+        "import",
+        help="convert an RLlib or Minari recording into a canonical dataset",
+        description="Convert another tool's recording into the canonical layout once: sorted "
+        "by (task, episode, t), ~128 MiB files, dataset.json naming the source's fingerprint. "
+        "Nothing is written when the recording is refused.",
+    )
+    tools = importer.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    for tool, text in (
+        ("rllib", "RLlib's offline recorder output (config.offline_data(output=...))"),
+        ("minari", "a Minari dataset directory (arrow or parquet storage)"),
+    ):
+        parser = tools.add_parser(tool, help=text)
+        parser.add_argument("src", metavar="SRC", help=text)
+        parser.add_argument("--out", required=True, help="new or empty output directory")
+        parser.add_argument(
+            "--task-id",
+            help="task id of every row (default: the environment directory for rllib, the "
+            "dataset id for minari)",
+        )
+        parser.set_defaults(handler=_import)
+
+    compact = commands.add_parser(
+        "compact",
+        help="rewrite a dataset into ~128 MiB files sorted by task, episode and step",
+        description="Rewrite a dataset (validated first) into part-NNNNN.parquet files of "
+        "about --file-mib MiB, sorted by (task_id, eps_id, t), with canonical column names "
+        "and types; dataset.json is carried over with the source's fingerprint under "
+        "'compacted_from'. OUT must not exist; nothing is left there when the source is "
+        "refused or the run fails.",
+    )
+    compact.add_argument("source", metavar="SRC", help="file, directory, glob or URI")
+    compact.add_argument("--out", required=True, help="new output directory")
+    compact.add_argument(
+        "--column-map",
+        action="append",
+        default=[],
+        metavar="CANONICAL=DISK",
+        help="read canonical column CANONICAL from column DISK (repeatable)",
+    )
+    compact.add_argument("--file-mib", type=int, default=128, help="file size (default 128)")
+    compact.add_argument(
+        "--row-group-rows", type=int, default=65536, help="rows per row group (default 65536)"
+    )
+    compact.add_argument(
+        "--memory-mib", type=int, default=512, help="rows held in memory to sort (default 512)"
+    )
+    compact.set_defaults(handler=_compact)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -99,6 +162,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from pipeline.compact import small_files_warning
     from pipeline.dataset import inspect_episodes
     from pipeline.schema import DatasetError
 
@@ -110,17 +174,59 @@ def _validate(args: argparse.Namespace) -> int:
     status = 0
     for path in args.paths:
         try:
-            summary = inspect_episodes(
+            info = inspect_episodes(
                 path,
                 column_map=column_map,
                 allow_partial_episodes=args.allow_partial_episodes,
-            ).summary()
+            )
         except DatasetError as exc:
             print(f"offmeta data validate: {exc}", file=sys.stderr)
             status = 1
             continue
-        _print_summary(summary, as_json=args.json, title=path)
+        _print_summary(info.summary(), as_json=args.json, title=path)
+        warning = small_files_warning(info)
+        if warning is not None:
+            print(f"offmeta data validate: warning: {warning}", file=sys.stderr)
     return status
+
+
+def _import(args: argparse.Namespace) -> int:
+    from pipeline.importers import import_minari, import_rllib
+    from pipeline.schema import DatasetError
+
+    run = {"rllib": import_rllib, "minari": import_minari}[args.tool]
+    try:
+        summary = run(
+            args.src,
+            args.out,
+            task_id=args.task_id,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except (DatasetError, ValueError) as exc:
+        print(f"offmeta data import {args.tool}: {exc}", file=sys.stderr)
+        return 1
+    print(summary.line())
+    return 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    from pipeline.compact import compact
+    from pipeline.schema import DatasetError
+
+    try:
+        info = compact(
+            args.source,
+            args.out,
+            column_map=_parse_column_map(args.column_map),
+            file_bytes=args.file_mib << 20,
+            row_group_rows=args.row_group_rows,
+            memory_bytes=args.memory_mib << 20,
+        )
+    except (DatasetError, ValueError, FileExistsError, FileNotFoundError) as exc:
+        print(f"offmeta data compact: {exc}", file=sys.stderr)
+        return 1
+    _print_summary(info.summary(), as_json=False, title=args.out)
+    return 0
 
 
 def _parse_column_map(pairs: list[str]) -> dict[str, str]:

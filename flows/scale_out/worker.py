@@ -129,6 +129,7 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
             stop=training.iterations,
             log_every=training.log_every,
             checkpoint_every=training.checkpoint_every,
+            history_every=training.history_every,
             history=history,
             on_log=on_log,
             on_checkpoint=on_checkpoint,

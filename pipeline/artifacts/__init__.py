@@ -1,11 +1,11 @@
 """Versioned artifact store: immutable, numbered versions of parameters with lineage.
 
->>> store = ArtifactStore("artifacts")                                   # doctest: +SKIP
+>>> store = ArtifactStore("artifacts")  # or "s3://bucket/prefix"       # doctest: +SKIP
 >>> ref = store.publish("maml", params, metrics=..., config=..., lineage=...)  # doctest: +SKIP
 >>> store.load_params("maml@latest")                                     # doctest: +SKIP
 
-Importing this package imports neither torch, Ray, Prefect nor matplotlib; they are
-loaded where tensors or plots are made.
+Importing this package imports neither torch, Ray, Prefect, matplotlib nor boto3; they
+are loaded where tensors, plots or S3 requests are made.
 """
 
 from pipeline.artifacts.cleanup import GcReport
@@ -16,10 +16,11 @@ from pipeline.artifacts.errors import (
     ArtifactNotFoundError,
     IntegrityError,
     LockTimeoutError,
+    StorageError,
     UnsupportedRootError,
 )
 from pipeline.artifacts.manifest import ArtifactRef, Lineage, Manifest
-from pipeline.artifacts.roots import local_root
+from pipeline.artifacts.roots import S3Root, parse_root
 from pipeline.artifacts.store import ArtifactStore
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "Lineage",
     "LockTimeoutError",
     "Manifest",
+    "S3Root",
+    "StorageError",
     "UnsupportedRootError",
-    "local_root",
+    "parse_root",
 ]

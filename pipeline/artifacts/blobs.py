@@ -1,22 +1,22 @@
-"""Writing content-addressed blobs: stage in ``ROOT/tmp``, hash, link under the digest.
+"""Writing content-addressed blobs: stage locally, hash, store under the digest.
 
-Blobs are written before any version number is claimed, outside the per-artifact lock,
-so concurrent publishers only serialise on the small manifest write. A blob that is
-already present (same digest) is not written again. Blobs of a publish that never
-reaches its manifest are unreferenced and removed by ``ArtifactStore.gc``.
+Blobs are written before any version number is claimed and before any claim is taken,
+so concurrent publishers only contend on the small manifest write. A blob that is
+already present (same digest) is not written again, only marked as in use (see
+``Backend.store_blob``). Blobs of a publish that never reaches its manifest are
+unreferenced and removed by ``ArtifactStore.gc``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import mimetypes
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.artifacts import fsio
+from pipeline.artifacts import fsio, layout
+from pipeline.artifacts.backends import Backend
 from pipeline.artifacts.digest import EncodedParams, write_params
-from pipeline.artifacts.layout import Layout
 from pipeline.artifacts.manifest import FileEntry
 
 if TYPE_CHECKING:
@@ -31,23 +31,21 @@ def media_type(file_name: str) -> str:
 
 
 class BlobWriter:
-    """Writes the blobs of one publish; ``sync`` makes their directory entries durable."""
+    """Writes the blobs of one publish through a backend."""
 
-    def __init__(self, layout: Layout, *, durable: bool) -> None:
-        self._layout = layout
-        self._durable = durable
-        self._dirs_to_sync: set[Path] = set()
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
 
     def put_params(
         self, modules: tuple[str, ...], flat: dict[str, torch.Tensor]
     ) -> tuple[FileEntry, EncodedParams]:
-        staged = fsio.temp_path(self._layout.tmp, ".safetensors")
+        # Written to a local file first (the store's tmp/, or the temp folder for S3):
+        # safetensors streams tensors to disk, so memory stays bounded by the model.
+        staged = self._backend.staging_file(".safetensors")
         try:
             encoded = write_params(modules, flat, staged)
-            if self._durable:
-                fsio.fsync_file(staged)
             size = staged.stat().st_size
-            self._commit(staged, encoded.digest)
+            self._backend.store_blob(layout.blob(encoded.digest), staged)
         finally:
             fsio.remove_quietly(staged)
         entry = FileEntry(
@@ -57,17 +55,12 @@ class BlobWriter:
 
     def put_bytes(self, data: bytes, media: str) -> FileEntry:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        if not self._layout.blob(digest).exists():
-            staged = fsio.write_temp(self._layout.tmp, data, durable=self._durable)
-            try:
-                self._commit(staged, digest)
-            finally:
-                fsio.remove_quietly(staged)
+        self._backend.store_blob(layout.blob(digest), data)
         return FileEntry(digest=digest, size=len(data), media_type=media)
 
     def put_file(self, source: Path, media: str) -> FileEntry:
         """Copy a file into the store, hashing it on the way (read once)."""
-        staged = fsio.temp_path(self._layout.tmp)
+        staged = self._backend.staging_file()
         digest = hashlib.sha256()
         size = 0
         try:
@@ -76,26 +69,8 @@ class BlobWriter:
                     digest.update(chunk)
                     writer.write(chunk)
                     size += len(chunk)
-                writer.flush()
-                if self._durable:
-                    os.fsync(writer.fileno())
             hex_digest = "sha256:" + digest.hexdigest()
-            self._commit(staged, hex_digest)
+            self._backend.store_blob(layout.blob(hex_digest), staged)
         finally:
             fsio.remove_quietly(staged)
         return FileEntry(digest=hex_digest, size=size, media_type=media)
-
-    def sync(self) -> None:
-        """fsync the directories that gained a blob (before a manifest may refer to it)."""
-        if self._durable:
-            for directory in sorted(self._dirs_to_sync):
-                fsio.fsync_dir(directory)
-        self._dirs_to_sync.clear()
-
-    def _commit(self, staged: Path, digest: str) -> None:
-        final = self._layout.blob(digest)
-        new_dir = not final.parent.exists()
-        if fsio.link_new(staged, final):
-            self._dirs_to_sync.add(final.parent)
-            if new_dir:
-                self._dirs_to_sync.add(final.parent.parent)

@@ -1,26 +1,31 @@
 """``gc``: remove what interrupted publishes leave behind.
 
-A publisher killed before its manifest is linked leaves staged files in ``ROOT/tmp``,
-blobs no manifest refers to, and possibly an idempotency record pointing at a version
-that never appeared. None of them is visible to readers, so they are harmless, only
-wasted space. ``gc`` holds the root's gc lock exclusively (every writer holds it
-shared), so no publish is in flight while it decides what is garbage.
+A publisher killed before its manifest exists leaves blobs no manifest refers to, an
+idempotency record pointing at a version that never appeared and, in a local store,
+staged files in ``ROOT/tmp``. None of them is visible to readers, so they are harmless,
+only wasted space.
+
+What keeps ``gc`` from removing what a publish still in flight is about to refer to: in a
+local store, ``gc`` holds the root's gc lock exclusively (every writer holds it shared);
+on S3, where a publisher on another machine cannot be excluded, only leftovers older
+than ``older_than`` are removed, blobs are listed *before* manifests are read (a blob
+written after the listing is not a candidate), and a publisher that reuses an existing
+blob renews its age first. What remains: a publish slower than ``older_than`` from its
+first blob to its manifest, or one that reuses an old unreferenced blob between gc's
+listing and its delete; ``verify`` names a blob lost that way.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-from pipeline.artifacts import fsio
-from pipeline.artifacts.errors import ArtifactNameError
-from pipeline.artifacts.layout import Layout
+from pydantic import ValidationError
+
+from pipeline.artifacts import layout
+from pipeline.artifacts.backends import Backend, ObjectInfo
 from pipeline.artifacts.manifest import KeyRecord, Manifest
 from pipeline.artifacts.names import validate_name
-from pipeline.artifacts.reader import read_manifest
+from pipeline.artifacts.reader import read_manifest, version_numbers
 
 
 @dataclass(frozen=True)
@@ -33,58 +38,59 @@ class GcReport:
     key_records: int
 
 
-def collect_garbage(layout: Layout, *, timeout: float) -> GcReport:
+def collect_garbage(backend: Backend, *, older_than: float) -> GcReport:
     """Remove staged files, unreferenced blobs and dangling idempotency records.
 
     Every manifest is read first; if one cannot be read the store is left untouched
     (IntegrityError), because its blobs would otherwise look unreferenced.
     """
-    if not layout.root.exists():
-        return GcReport(0, 0, 0, 0)
-    with fsio.file_lock(layout.gc_lock, timeout=timeout):
+    with backend.for_gc():
+        blobs = backend.list(layout.BLOBS)
         referenced: set[str] = set()
-        dangling_keys = []
-        for name in _names(layout):
-            manifests = {v: read_manifest(layout, name, v) for v in layout.version_numbers(name)}
+        dangling: list[ObjectInfo] = []
+        for name in _names(backend):
+            manifests = {v: read_manifest(backend, name, v) for v in version_numbers(backend, name)}
             for manifest in manifests.values():
                 referenced.update(entry.digest for entry in manifest.files.values())
-            dangling_keys.extend(_dangling_keys(layout, name, manifests))
-        temp_files = _remove_all(layout.tmp.glob("*"))
-        blobs = freed = 0
-        for path in layout.blobs.glob("*/*"):
-            if f"sha256:{path.name}" not in referenced and path.is_file():
-                freed += path.stat().st_size
-                blobs += _remove_all([path])
-        return GcReport(temp_files, blobs, freed, _remove_all(dangling_keys))
+            dangling += _dangling_keys(backend, name, manifests)
+        temp_files = backend.remove_staged(older_than)
+        removed = [
+            blob
+            for blob in blobs
+            if blob.age >= older_than and layout.digest_of_blob(blob.key) not in referenced
+        ]
+        stale_keys = [record for record in dangling if record.age >= older_than]
+        for info in removed + stale_keys:
+            backend.delete(info.key)
+        return GcReport(
+            temp_files=temp_files,
+            blobs=len(removed),
+            freed_bytes=sum(blob.size for blob in removed),
+            key_records=len(stale_keys),
+        )
 
 
-def _names(layout: Layout) -> list[str]:
+def _names(backend: Backend) -> list[str]:
     names = []
-    with contextlib.suppress(FileNotFoundError):
-        for entry in layout.artifacts.iterdir():
-            with contextlib.suppress(ArtifactNameError):
-                names.append(validate_name(entry.name))
-    return sorted(names)
-
-
-def _dangling_keys(layout: Layout, name: str, manifests: dict[int, Manifest]) -> list[Path]:
-    dangling = []
-    for path in (layout.artifact(name) / "keys").glob("*.json"):
+    for entry in backend.children(layout.NAMES):
         try:
-            record = KeyRecord.model_validate_json(path.read_bytes())
+            names.append(validate_name(entry))
         except ValueError:
-            dangling.append(path)
+            continue
+    return names
+
+
+def _dangling_keys(backend: Backend, name: str, manifests: dict[int, Manifest]) -> list[ObjectInfo]:
+    dangling = []
+    for info in backend.list(layout.keys(name)):
+        if not info.key.endswith(".json"):
+            continue  # a claim: released by its holder, or taken over by the next one
+        try:
+            record = KeyRecord.model_validate_json(bytes(backend.read(info.key)))
+        except (ValidationError, FileNotFoundError):
+            dangling.append(info)
             continue
         manifest = manifests.get(record.version)
         if manifest is None or manifest.idempotency_key != record.idempotency_key:
-            dangling.append(path)
+            dangling.append(info)
     return dangling
-
-
-def _remove_all(paths: Iterable[Path]) -> int:
-    removed = 0
-    for path in paths:
-        if os.path.isfile(path):
-            fsio.remove_quietly(path)
-            removed += 1
-    return removed

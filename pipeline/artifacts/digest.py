@@ -210,7 +210,7 @@ def _check_written_header(
     with open(path, "rb") as handle:
         prefix = handle.read(8)
         header = handle.read(int.from_bytes(prefix, "little")) if len(prefix) == 8 else b""
-    parsed = _parse_header(prefix + header, path, data_length=None)
+    parsed = _parse_header(prefix + header, str(path), data_length=None)
     written = {key: (entry.dtype, entry.shape) for key, entry in parsed.entries.items()}
     expected = {key: (record.dtype, record.shape) for key, record in tensors.items()}
     if written != expected or parsed.metadata != dict(metadata):
@@ -232,7 +232,8 @@ class _Entry:
 class ParsedParams:
     """A params file read into memory and its parsed header (offsets relative to ``buffer``)."""
 
-    buffer: bytearray
+    buffer: memoryview
+    """Writable; the tensors ``decode_params`` returns are views into it."""
     metadata: dict[str, str]
     entries: dict[str, _Entry]
 
@@ -245,23 +246,24 @@ class ParsedParams:
 
 
 def read_params(path: Path) -> ParsedParams:
-    """Read a params file once into memory and parse its header.
+    """Read a params file once into memory and parse its header."""
+    return parse_params(memoryview(bytearray(path.read_bytes())), str(path))
+
+
+def parse_params(buffer: memoryview, where: str) -> ParsedParams:
+    """Parse the header of a params file held in ``buffer`` (``where`` names it in errors).
 
     Verification and decoding both work on this one buffer, so the bytes that were
     checked are the bytes that become tensors.
     """
-    size = path.stat().st_size
-    buffer = bytearray(size)
-    with open(path, "rb", buffering=0) as handle:
-        handle.readinto(buffer)
-    parsed = _parse_header(buffer, path, data_length=size)
+    parsed = _parse_header(buffer, where, data_length=len(buffer))
     return ParsedParams(buffer, parsed.metadata, parsed.entries)
 
 
 def params_digest(parsed: ParsedParams) -> tuple[str, dict[str, TensorRecord]]:
     """Recompute the params digest of a file read by ``read_params``."""
     keys = sorted(parsed.entries)
-    view = memoryview(parsed.buffer)
+    view = parsed.buffer
     chunks = [view[parsed.entries[key].begin : parsed.entries[key].end] for key in keys]
     digests = _hash_all(chunks, parallel=True)
     tensors = {
@@ -305,7 +307,7 @@ class _Header:
     entries: dict[str, _Entry]
 
 
-def _parse_header(data: bytes | bytearray, path: Path, data_length: int | None) -> _Header:
+def _parse_header(data: bytes | memoryview, where: str, data_length: int | None) -> _Header:
     """Parse a safetensors header; offsets returned are absolute within the file.
 
     ``data_length`` is the file size when the whole file is in ``data`` (then every
@@ -313,7 +315,7 @@ def _parse_header(data: bytes | bytearray, path: Path, data_length: int | None) 
     """
 
     def bad(reason: str) -> IntegrityError:
-        return IntegrityError([f"{path} is not a readable safetensors file: {reason}"])
+        return IntegrityError([f"{where} is not a readable safetensors file: {reason}"])
 
     if len(data) < 8:
         raise bad(f"it is {len(data)} bytes long, shorter than the 8-byte header length")

@@ -12,7 +12,7 @@ class ArtifactNameError(ArtifactError, ValueError):
 
 
 class UnsupportedRootError(ArtifactError, ValueError):
-    """A store root that names no local directory (another URI scheme, a remote host)."""
+    """A store root the store cannot use (an unknown URI scheme, a remote host, a bad bucket)."""
 
 
 class ArtifactNotFoundError(ArtifactError, LookupError):
@@ -37,3 +37,7 @@ class AliasConflictError(ArtifactError):
 
 class LockTimeoutError(ArtifactError, TimeoutError):
     """Another process held an artifact's lock for longer than the store waits."""
+
+
+class StorageError(ArtifactError):
+    """The storage behind the store failed a request; the message names the object's URI."""

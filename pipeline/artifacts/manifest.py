@@ -26,7 +26,8 @@ Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 class ArtifactRef:
     """A concrete version: ``str(ref)`` is ``"name:version"``.
 
-    ``digest`` is the params digest; ``uri`` is the ``file://`` URI of the manifest.
+    ``digest`` is the params digest; ``uri`` locates the manifest (``file://`` for a local
+    store, ``s3://`` for object storage).
     """
 
     name: str

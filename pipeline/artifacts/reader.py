@@ -14,17 +14,18 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from pipeline.artifacts import layout
+from pipeline.artifacts.backends import Backend
 from pipeline.artifacts.digest import (
     PARAMS_FILE,
     ParsedParams,
     decode_params,
     describe,
     params_digest,
-    read_params,
+    parse_params,
     sha256_hex,
 )
 from pipeline.artifacts.errors import ArtifactNotFoundError, IntegrityError
-from pipeline.artifacts.layout import Layout
 from pipeline.artifacts.manifest import AliasRecord, ArtifactRef, FileEntry, Manifest
 from pipeline.artifacts.names import parse_spec, parse_version, validate_name
 
@@ -32,40 +33,49 @@ if TYPE_CHECKING:
     import torch
 
 
-def read_manifest(layout: Layout, name: str, version: int) -> Manifest:
+def read_manifest(backend: Backend, name: str, version: int) -> Manifest:
     """The manifest of ``name:version``; ArtifactNotFoundError if it was never published."""
-    path = layout.manifest(name, version)
+    key = layout.manifest(name, version)
     try:
-        data = path.read_bytes()
+        data = backend.read(key)
     except FileNotFoundError:
-        numbers = layout.version_numbers(name)
+        numbers = version_numbers(backend, name)
         if not numbers:
             raise ArtifactNotFoundError(
-                f"no artifact named {name!r} in {layout.root}{_known(layout)}"
+                f"no artifact named {name!r} in {backend.root}{_known(backend)}"
             ) from None
         raise ArtifactNotFoundError(
             f"artifact {name!r} has no version {version} (published: {_ranges(numbers)})"
         ) from None
+    where = backend.where(key)
     try:
-        manifest = Manifest.model_validate_json(data)
+        manifest = Manifest.model_validate_json(bytes(data))
     except ValidationError as exc:
-        raise IntegrityError([f"manifest {path} is not a valid offmeta manifest: {exc}"]) from None
+        raise IntegrityError([f"manifest {where} is not a valid offmeta manifest: {exc}"]) from None
     if manifest.name != name or manifest.version != version:
         raise IntegrityError(
-            [f"manifest {path} describes {manifest.spec}, expected {name}:{version}"]
+            [f"manifest {where} describes {manifest.spec}, expected {name}:{version}"]
         )
     return manifest
+
+
+def version_numbers(backend: Backend, name: str, after: int = 0) -> list[int]:
+    """Published versions of ``name`` above ``after``, ascending; stray files are ignored."""
+    start = layout.manifest(name, after) if after else None
+    found = (layout.version_of(info.key) for info in backend.list(layout.versions(name), start))
+    return sorted(number for number in found if number is not None and number > after)
 
 
 class Reader:
     """Read-only access to a store root; ``ArtifactStore`` adds publishing on top."""
 
-    def __init__(self, layout: Layout) -> None:
-        self._layout = layout
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
 
     @property
-    def root(self) -> Path:
-        return self._layout.root
+    def root(self) -> Path | str:
+        """The store directory, or the ``s3://bucket/prefix`` of an object-storage store."""
+        return self._backend.root
 
     def get(self, name: str, version: int | None = None, alias: str = "latest") -> Manifest:
         """The manifest of ``name:version``, or of the version ``name@alias`` points at.
@@ -77,18 +87,18 @@ class Reader:
         if is_spec and version is None and alias == "latest":
             return self._manifest_for(name)
         if version is not None:
-            return read_manifest(self._layout, name, parse_version(version))
+            return read_manifest(self._backend, name, parse_version(version))
         current = self._alias_version(name, alias)
         if current is None:
-            if not self._layout.version_numbers(name):
+            if not version_numbers(self._backend, name):
                 raise ArtifactNotFoundError(
-                    f"no artifact named {name!r} in {self.root}{_known(self._layout)}"
+                    f"no artifact named {name!r} in {self.root}{_known(self._backend)}"
                 )
             aliases = ", ".join(sorted(self.aliases(name))) or "none"
             raise ArtifactNotFoundError(
                 f"artifact {name!r} has no alias {alias!r} (aliases: {aliases})"
             )
-        return read_manifest(self._layout, name, current)
+        return read_manifest(self._backend, name, current)
 
     def resolve(self, spec: str) -> ArtifactRef:
         """``"name:17"``, ``"name@alias"`` or ``"name"`` (= ``name@latest``) -> ArtifactRef."""
@@ -96,24 +106,22 @@ class Reader:
 
     def list_names(self) -> list[str]:
         """Names with at least one published version, sorted."""
-        try:
-            entries = sorted(entry.name for entry in self._layout.artifacts.iterdir())
-        except FileNotFoundError:
-            return []
-        return [name for name in entries if _is_name(name) and self._layout.version_numbers(name)]
+        names = self._backend.children(layout.NAMES)
+        return [name for name in names if _is_name(name) and version_numbers(self._backend, name)]
 
     def list_versions(self, name: str) -> list[int]:
         """Published version numbers of ``name``, ascending (empty if none)."""
-        return self._layout.version_numbers(validate_name(name))
+        return version_numbers(self._backend, validate_name(name))
 
     def aliases(self, name: str) -> dict[str, int]:
         """``{alias: version}`` for ``name``."""
         found = {}
-        for path in sorted((self._layout.artifact(name) / "aliases").glob("*.json")):
-            version = self._alias_version(name, path.stem) if _is_name(path.stem) else None
+        for info in self._backend.list(layout.aliases(name)):
+            alias = info.key.rsplit("/", 1)[-1].removesuffix(".json")
+            version = self._alias_version(name, alias) if _is_name(alias) else None
             if version is not None:
-                found[path.stem] = version
-        return found
+                found[alias] = version
+        return dict(sorted(found.items()))
 
     def verify(self, ref: ArtifactRef | Manifest | str) -> Manifest:
         """Re-hash every file of a version; IntegrityError lists each one that differs."""
@@ -199,9 +207,9 @@ class Reader:
 
     def _manifest_for(self, ref: ArtifactRef | Manifest | str) -> Manifest:
         if isinstance(ref, Manifest):
-            return read_manifest(self._layout, ref.name, ref.version)
+            return read_manifest(self._backend, ref.name, ref.version)
         if isinstance(ref, ArtifactRef):
-            manifest = read_manifest(self._layout, ref.name, ref.version)
+            manifest = read_manifest(self._backend, ref.name, ref.version)
             if manifest.params_digest != ref.digest:
                 raise IntegrityError(
                     [
@@ -214,23 +222,17 @@ class Reader:
         return self.get(spec.name, version=spec.version, alias=spec.alias or "latest")
 
     def _ref(self, manifest: Manifest) -> ArtifactRef:
-        uri = self._layout.manifest(manifest.name, manifest.version).as_uri()
+        uri = self._backend.uri(layout.manifest(manifest.name, manifest.version))
         return ArtifactRef(manifest.name, manifest.version, manifest.params_digest, uri)
 
     def _alias_version(self, name: str, alias: str) -> int | None:
-        path = self._layout.alias(name, alias)
-        try:
-            return AliasRecord.model_validate_json(path.read_bytes()).version
-        except FileNotFoundError:
-            return None
-        except ValidationError as exc:
-            raise IntegrityError([f"alias file {path} is not valid: {exc}"]) from None
+        return alias_record(self._backend, name, alias)[0]
 
     def _checked_params(self, manifest: Manifest, file_name: str, entry: FileEntry) -> ParsedParams:
-        path = self._layout.blob(entry.digest)
-        where = f"{manifest.spec} file {file_name!r} (blob {path})"
+        blob = layout.blob(entry.digest)
+        where = f"{manifest.spec} file {file_name!r} (blob {self._backend.where(blob)})"
         try:
-            parsed = read_params(path)
+            parsed = parse_params(self._backend.read(blob), self._backend.where(blob))
         except FileNotFoundError:
             raise IntegrityError([f"{where} is missing; expected digest {entry.digest}"]) from None
         except IntegrityError as exc:
@@ -253,10 +255,10 @@ class Reader:
         return parsed
 
     def _checked_bytes(self, manifest: Manifest, file_name: str, entry: FileEntry) -> bytes:
-        path = self._layout.blob(entry.digest)
-        where = f"{manifest.spec} file {file_name!r} (blob {path})"
+        blob = layout.blob(entry.digest)
+        where = f"{manifest.spec} file {file_name!r} (blob {self._backend.where(blob)})"
         try:
-            data = path.read_bytes()
+            data = self._backend.read(blob)
         except FileNotFoundError:
             raise IntegrityError([f"{where} is missing; expected digest {entry.digest}"]) from None
         found = sha256_hex(data)
@@ -264,7 +266,19 @@ class Reader:
             raise IntegrityError(
                 [f"{where} is corrupt: expected digest {entry.digest}, found {found}"]
             )
-        return data
+        return bytes(data)
+
+
+def alias_record(backend: Backend, name: str, alias: str) -> tuple[int | None, str | None]:
+    """The version ``name@alias`` points at and the ETag to swap it with (None, None if unset)."""
+    key = layout.alias(name, alias)
+    tagged = backend.read_tagged(key)
+    if tagged is None:
+        return None, None
+    try:
+        return AliasRecord.model_validate_json(tagged.data).version, tagged.etag
+    except ValidationError as exc:
+        raise IntegrityError([f"alias file {backend.where(key)} is not valid: {exc}"]) from None
 
 
 def _is_name(text: str) -> bool:
@@ -275,8 +289,8 @@ def _is_name(text: str) -> bool:
     return True
 
 
-def _known(layout: Layout) -> str:
-    names = Reader(layout).list_names()
+def _known(backend: Backend) -> str:
+    names = Reader(backend).list_names()
     if not names:
         return " (the store has no artifacts yet)"
     shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")

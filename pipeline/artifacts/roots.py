@@ -1,67 +1,98 @@
-"""The one place that turns a store root as written by a user into where the store lives.
+"""Where a store lives: the one place that reads a store root string.
 
-A root is a local directory: a path (``artifacts``, ``/srv/artifacts``) or a ``file://`` URI
-(``file:///srv/artifacts``, ``file://localhost/srv/artifacts``, percent-encoded as URIs are;
-the form ``ArtifactRef.uri`` prints). Anything else with a URI scheme (``s3://bucket/prefix``)
-is refused rather than taken as a relative directory named ``s3:``. ``os.PathLike`` roots are
-paths by construction and never parsed as URIs.
+Accepted: a directory path (``artifacts``, ``/srv/models``), a ``file://`` URI of one (what
+the store prints as version URIs), and ``s3://bucket[/prefix]`` for object storage. Anything
+else with a scheme (``gs://``, ``http://``) is refused here, before a byte is written, rather
+than becoming a local folder named ``gs:``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from pipeline.artifacts.errors import UnsupportedRootError
 
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-_LOCAL_HOSTS = ("", "localhost")
-SUPPORTED = "a local directory: a path, or a file:// URI such as file:///srv/artifacts"
-"""What a root may be, as error messages say it."""
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+# S3 bucket naming rules (general purpose buckets): 3-63 lowercase letters, digits, '.', '-'.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_SUPPORTED = "a directory path, a file:// URI or s3://bucket/prefix"
 
 
-def local_root(root: str | os.PathLike[str]) -> Path:
-    """The absolute directory ``root`` names; UnsupportedRootError naming the root otherwise."""
+@dataclass(frozen=True)
+class S3Root:
+    """``s3://bucket/prefix``: every key of the store starts with ``prefix/`` (if any)."""
+
+    bucket: str
+    prefix: str = ""
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+
+def parse_root(root: str | os.PathLike[str]) -> Path | S3Root:
+    """The absolute directory of a local store, or the bucket and prefix of an S3 store.
+
+    Raises UnsupportedRootError naming the root, what was wrong and what is accepted.
+    """
     if isinstance(root, os.PathLike):
         return Path(root).absolute()
-    if not isinstance(root, str):
+    if not isinstance(root, str) or not root:
         raise UnsupportedRootError(
-            f"artifact store root must be a string or a path, got {type(root).__name__}"
+            f"artifact store root must be a non-empty string or path, got {root!r}; "
+            f"expected {_SUPPORTED}"
         )
-    if not root.strip():
-        raise UnsupportedRootError(f"artifact store root is empty; expected {SUPPORTED}")
-    scheme = _SCHEME.match(root)
-    if scheme is None:
+    match = _SCHEME.match(root)
+    if match is None:
         return Path(root).absolute()
-    if scheme.group(1).lower() != "file":
-        # "name:x" may be meant as a directory; "name://x" hardly ever is.
-        hint = "" if "://" in root else f" (for a directory of that name, write ./{root})"
-        raise UnsupportedRootError(
-            f"artifact store root {root!r}: scheme {scheme.group(1)!r} is not supported; "
-            f"expected {SUPPORTED}{hint}"
-        )
-    return _file_uri_path(root)
+    scheme = match.group(1).lower()
+    if scheme == "file":
+        return _file_root(root)
+    if scheme == "s3":
+        return _s3_root(root)
+    raise UnsupportedRootError(
+        f"artifact store root {root!r} has the scheme '{scheme}://', which the store cannot "
+        f"write to; expected {_SUPPORTED}"
+    )
 
 
-def _file_uri_path(root: str) -> Path:
+def _file_root(root: str) -> Path:
     parts = urlsplit(root)
-    if parts.query or parts.fragment:
+    if parts.netloc not in ("", "localhost"):
         raise UnsupportedRootError(
-            f"artifact store root {root!r}: a file:// URI names a directory and takes no "
-            "query or fragment; percent-encode '?' and '#' in directory names (%3F, %23)"
+            f"artifact store root {root!r} names the host {parts.netloc!r}; a file:// root "
+            f"must be local (file:///absolute/path)"
         )
-    if parts.netloc.lower() not in _LOCAL_HOSTS:
+    if parts.query or parts.fragment or not parts.path:
         raise UnsupportedRootError(
-            f"artifact store root {root!r}: host {parts.netloc!r} is not this machine; "
-            "expected file:///absolute/path or file://localhost/absolute/path "
-            "(mount a shared directory and give its local path)"
+            f"artifact store root {root!r} is not a plain file:// URI; "
+            f"expected file:///absolute/path"
         )
-    path = unquote(parts.path)
-    if not path.startswith("/"):
+    return Path(unquote(parts.path)).absolute()
+
+
+def _s3_root(root: str) -> S3Root:
+    rest = root[len("s3://") :]
+    bucket, _, prefix = rest.partition("/")
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
         raise UnsupportedRootError(
-            f"artifact store root {root!r}: a file:// URI needs an absolute path, "
-            "e.g. file:///srv/artifacts; write a relative directory as a plain path"
+            f"artifact store root {root!r} names the bucket {bucket!r}, which is not a valid "
+            f"S3 bucket name (3-63 lowercase letters, digits, '.' and '-'); "
+            f"expected s3://bucket/prefix"
         )
-    return Path(path)
+    prefix = prefix.strip("/")
+    segments = prefix.split("/") if prefix else []
+    if any(segment in ("", ".", "..") for segment in segments) or any(
+        ord(char) < 32 for char in prefix
+    ):
+        raise UnsupportedRootError(
+            f"artifact store root {root!r} has the prefix {prefix!r}, with an empty, '.' or "
+            f"'..' segment or a control character; expected s3://bucket/some/prefix"
+        )
+    return S3Root(bucket, prefix)

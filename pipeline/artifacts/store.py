@@ -1,26 +1,27 @@
 """``ArtifactStore``: publish immutable, numbered versions and read them back, verified.
 
-Publishing, in order (see README "Artifact store" for the layout):
+One protocol over every storage backend (a local directory, S3; see
+``pipeline.artifacts.backends``). Publishing, in order:
 1. validate everything (names, params, JSON-ability of metrics/config/lineage);
 2. write every blob (params, metrics.json, config.json, history and learning curve,
-   attached files) under its digest, holding the root's gc lock *shared*;
-3. take the artifact's exclusive ``flock`` and, while holding it: return the existing
-   version if the idempotency key is known, otherwise number the version max+1, stage
-   the manifest, record the key, ``os.link`` the manifest into ``versions/`` and move
-   ``latest`` forward; then release.
+   attached files) under its digest; nothing refers to them yet;
+3. with an idempotency key, claim the key (``Backend.claim``) and return the version it
+   already published, if any;
+4. choose the number after the highest published version, record it for the key, and
+   create the manifest with ``put_if_absent``; when another publisher created that
+   number first, take the next one and try again;
+5. move ``latest`` forward by compare-and-swap (never backwards).
 
-A version exists exactly when its manifest is linked, and a manifest is linked only
-after everything it refers to is durable, so a publisher that dies anywhere leaves no
-partial version (at worst ``latest`` lags until the next publish); the number
-it would have taken is still free (numbers stay gap-free), and its staged files and
-blobs are garbage for ``gc``. The lock is an ``flock``, released by the kernel when its
-holder dies, and held only around the few small writes of step 3. Readers take no lock:
-manifests never change once linked and aliases are replaced atomically.
+A version exists exactly when its manifest exists, and a manifest is created only after
+everything it refers to is stored, so a publisher that dies anywhere leaves no partial
+version (at worst ``latest`` lags until the next publish). Numbers stay gap-free: a
+number is only ever tried right after one that exists, and a dead publisher's number is
+still free. Readers take no lock: manifests never change once created and aliases are
+replaced atomically.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -30,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from pipeline.artifacts import fsio
+from pipeline.artifacts import layout
+from pipeline.artifacts.backends import Backend, Lease, open_backend
 from pipeline.artifacts.blobs import BlobWriter, media_type
 from pipeline.artifacts.cleanup import GcReport, collect_garbage
 from pipeline.artifacts.digest import PARAMS_FILE, EncodedParams, flatten_params
@@ -40,7 +42,6 @@ from pipeline.artifacts.errors import (
     ArtifactNameError,
     ArtifactNotFoundError,
 )
-from pipeline.artifacts.layout import Layout
 from pipeline.artifacts.manifest import (
     AliasRecord,
     ArtifactRef,
@@ -52,10 +53,8 @@ from pipeline.artifacts.manifest import (
     json_safe,
 )
 from pipeline.artifacts.names import parse_version, validate_name
-from pipeline.artifacts.plots import check_history, learning_curve_png
-from pipeline.artifacts.reader import Reader
-from pipeline.artifacts.reader import read_manifest as _read_manifest
-from pipeline.artifacts.roots import local_root
+from pipeline.artifacts.plots import check_history, learning_curve_files
+from pipeline.artifacts.reader import Reader, alias_record, read_manifest, version_numbers
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +66,7 @@ RESERVED_FILES = frozenset(
         "config.json",
         "history.json",
         "learning_curve.png",
+        "learning_curve.json",
         "manifest.json",
     }
 )
@@ -74,20 +74,26 @@ ExtraFile = str | os.PathLike[str] | tuple[str, bytes]
 
 
 class ArtifactStore(Reader):
-    """A versioned artifact registry in a local directory (created on first write).
+    """A versioned artifact registry in a local directory or under ``s3://bucket/prefix``.
 
-    ``root`` is a path or a ``file://`` URI (``pipeline.artifacts.roots``); a root with any
-    other scheme, such as ``s3://``, raises UnsupportedRootError.
-
-    ``durable=False`` skips fsync (for scratch stores and tests; a power loss may then
+    A directory is created on the first write; a bucket must exist. ``durable=False``
+    skips fsync in a local store (for scratch stores and tests; a power loss may then
     lose recent versions, never corrupt older ones). ``lock_timeout`` bounds every wait
-    for another process's lock.
+    for another publisher. ``client`` is a boto3 S3 client to use for an ``s3://`` root
+    instead of one configured from the standard AWS environment variables.
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, durable: bool = True, lock_timeout: float = 60.0
+        self,
+        root: str | os.PathLike[str],
+        *,
+        durable: bool = True,
+        lock_timeout: float = 60.0,
+        client: Any = None,
     ) -> None:
-        super().__init__(Layout(local_root(root)))
+        super().__init__(
+            open_backend(root, durable=durable, lock_timeout=lock_timeout, client=client)
+        )
         self.durable = durable
         self.lock_timeout = lock_timeout
 
@@ -112,16 +118,18 @@ class ArtifactStore(Reader):
         """Store a new version of ``name`` and return its reference.
 
         ``params`` is ``{module_id: {param_name: Tensor}}``. ``config`` is a mapping or a
-        pydantic model. ``history`` (``{metric: [values]}``) adds history.json and
-        learning_curve.png. ``files`` attaches paths or ``(file_name, bytes)`` pairs. A
-        publish whose ``idempotency_key`` was already used for ``name`` returns that
+        pydantic model. ``history`` (``{metric: [values]}``, optionally with an ``iteration``
+        series as the x axis) adds history.json, learning_curve.png and learning_curve.json
+        (``pipeline.artifacts.plots``). ``files`` attaches paths or ``(file_name, bytes)``
+        pairs. A publish whose ``idempotency_key`` was already used for ``name`` returns that
         version unchanged: the first publish under a key wins, later ones are dropped.
 
-        ``on_stage``, when given, is called with ``"blobs-written"`` (every blob durable, no
-        lock taken yet) and ``"manifest-staged"`` (the number claimed under the lock, the
-        manifest staged but not linked): the two points where a publisher that dies must
-        leave no partial version. It only observes (progress, or a crash test stopping the
-        process there to kill it); what it returns is ignored.
+        ``on_stage``, when given, is called with ``"blobs-written"`` (every blob stored,
+        nothing claimed yet) and ``"manifest-staged"`` (a number chosen and recorded for
+        the idempotency key, its manifest not created yet; again for every further number
+        tried after losing one to another publisher): the points where a publisher that
+        dies must leave no partial version. It only observes (progress, or a crash test
+        stopping the process there to kill it); what it returns is ignored.
         """
         validate_name(name)
         if idempotency_key is not None and (
@@ -141,33 +149,34 @@ class ArtifactStore(Reader):
         if idempotency_key is not None and (found := self._by_key(name, idempotency_key)):
             return self._ref(found)
 
-        with self._gc_shared():
+        with self._backend.for_writing():
             stored, encoded = self._write_blobs(
                 name, (modules, flat), metrics_data, config_data, history_data, extras
             )
             if on_stage is not None:
                 on_stage("blobs-written")
-
-            with fsio.file_lock(self._layout.lock(name), timeout=self.lock_timeout):
-                if idempotency_key is not None and (found := self._by_key(name, idempotency_key)):
-                    return self._ref(found)
-                numbers = self._layout.version_numbers(name)
-                manifest = Manifest(
-                    name=name,
-                    version=(numbers[-1] if numbers else 0) + 1,
-                    created_at=datetime.now(UTC),
-                    idempotency_key=idempotency_key,
-                    metrics=metrics_data,
-                    config=config_data,
-                    lineage=lineage_record,
-                    modules=encoded.modules,
-                    tensors={
-                        key: TensorEntry(dtype=t.dtype, shape=t.shape, digest=t.digest)
-                        for key, t in encoded.tensors.items()
-                    },
-                    files=stored,
-                )
-                self._commit_manifest(manifest, on_stage)
+            fields = {
+                "name": name,
+                "idempotency_key": idempotency_key,
+                "metrics": metrics_data,
+                "config": config_data,
+                "lineage": lineage_record,
+                "modules": encoded.modules,
+                "tensors": {
+                    key: TensorEntry(dtype=t.dtype, shape=t.shape, digest=t.digest)
+                    for key, t in encoded.tensors.items()
+                },
+                "files": stored,
+            }
+            if idempotency_key is None:
+                manifest = self._create_manifest(fields, None, on_stage)
+            else:
+                claim = layout.claim(name, idempotency_key)
+                with self._backend.claim(claim, self.lock_timeout) as lease:
+                    if found := self._by_key(name, idempotency_key):
+                        return self._ref(found)
+                    manifest = self._create_manifest(fields, lease, on_stage)
+        self._advance_latest(name, manifest.version)
         return self._ref(manifest)
 
     def _write_blobs(
@@ -179,8 +188,8 @@ class ArtifactStore(Reader):
         history: dict[str, list[float]] | None,
         extras: list[tuple[str, Path | bytes]],
     ) -> tuple[dict[str, FileEntry], EncodedParams]:
-        """Every file of the new version as a durable blob, keyed by its file name."""
-        writer = BlobWriter(self._layout, durable=self.durable)
+        """Every file of the new version as a stored blob, keyed by its file name."""
+        writer = BlobWriter(self._backend)
         params_entry, encoded = writer.put_params(*params)
         stored = {
             PARAMS_FILE: params_entry,
@@ -189,45 +198,58 @@ class ArtifactStore(Reader):
         }
         if history is not None:
             stored["history.json"] = writer.put_bytes(_json_bytes(history), "application/json")
-            png = learning_curve_png(history, title=f"{name} learning curve")
-            stored["learning_curve.png"] = writer.put_bytes(png, "image/png")
+            for file_name, content in learning_curve_files(
+                history, f"{name} learning curve"
+            ).items():
+                stored[file_name] = writer.put_bytes(content, media_type(file_name))
         for file_name, source in extras:
             if isinstance(source, bytes):
                 stored[file_name] = writer.put_bytes(source, media_type(file_name))
             else:
                 stored[file_name] = writer.put_file(source, media_type(file_name))
-        writer.sync()
         return stored, encoded
 
-    def _commit_manifest(self, manifest: Manifest, on_stage: Callable[[str], None] | None) -> None:
-        """Make ``manifest`` visible; the caller holds the artifact lock."""
-        layout, name = self._layout, manifest.name
-        staged = fsio.write_temp(
-            layout.tmp, manifest.model_dump_json(indent=2).encode(), durable=self.durable
-        )
-        try:
-            if manifest.idempotency_key is not None:
-                # Recorded before the manifest exists: a crash in between leaves a record
-                # whose version is missing or carries another key, which _by_key ignores.
-                record = KeyRecord(
-                    idempotency_key=manifest.idempotency_key, version=manifest.version
-                )
-                self._replace(layout.key(name, manifest.idempotency_key), record.model_dump_json())
+    def _create_manifest(
+        self,
+        fields: dict[str, Any],
+        lease: Lease | None,
+        on_stage: Callable[[str], None] | None,
+    ) -> Manifest:
+        """Create the manifest under the first free number after the highest published one.
+
+        With an idempotency key (``lease`` held), the number is recorded for the key
+        before the manifest is created: a retry that finds the record and a manifest
+        carrying its key returns that version; a record whose manifest never appeared
+        (the publisher died) is ignored and overwritten.
+        """
+        name, idempotency_key = fields["name"], fields["idempotency_key"]
+        latest = alias_record(self._backend, name, "latest")[0] or 0
+        version = _next_version(self._backend, name, after=latest)
+        while True:
+            manifest = Manifest(version=version, created_at=datetime.now(UTC), **fields)
+            if lease is not None:
+                record = KeyRecord(idempotency_key=idempotency_key, version=version)
+                key_record = layout.key(name, idempotency_key)
+                self._backend.put(key_record, record.model_dump_json().encode())
             if on_stage is not None:
                 on_stage("manifest-staged")
-            final = layout.manifest(name, manifest.version)
-            if not fsio.link_new(staged, final):
-                raise ArtifactError(
-                    f"{final} already exists although this process holds {layout.lock(name)}: "
-                    f"something wrote into the store without taking its lock"
-                )
-            if self.durable:
-                fsio.fsync_dir(final.parent)
-        finally:
-            fsio.remove_quietly(staged)
-        previous = self._alias_version(name, "latest")
-        if previous is None or previous < manifest.version:
-            self._write_alias(name, "latest", manifest.version, previous)
+            if lease is not None:
+                lease.check()
+            document = manifest.model_dump_json(indent=2).encode()
+            if self._backend.put_if_absent(layout.manifest(name, version), document):
+                return manifest
+            version = _next_version(self._backend, name, after=version)
+
+    def _advance_latest(self, name: str, version: int) -> None:
+        """Move ``latest`` to ``version`` unless it already points at this or a later one."""
+        while True:
+            current, etag = alias_record(self._backend, name, "latest")
+            if current is not None and current >= version:
+                return
+            if self._backend.swap(
+                layout.alias(name, "latest"), _alias_bytes(name, "latest", version, current), etag
+            ):
+                return
 
     # ------------------------------------------------------------------- aliases
 
@@ -241,12 +263,9 @@ class ArtifactStore(Reader):
         version = parse_version(version)
         if expected is not None:
             expected = parse_version(expected)
-        with (
-            self._gc_shared(),
-            fsio.file_lock(self._layout.lock(name), timeout=self.lock_timeout),
-        ):
-            self.get(name, version=version)
-            current = self._alias_version(name, alias)
+        self.get(name, version=version)
+        while True:
+            current, etag = alias_record(self._backend, name, alias)
             if current != expected:
                 found = "does not exist" if current is None else f"points at version {current}"
                 wanted = "not to exist" if expected is None else f"to point at version {expected}"
@@ -259,49 +278,40 @@ class ArtifactStore(Reader):
                     f"refusing to move {name}@latest back from version {current} to {version}: "
                     f"'latest' only moves forward; use another alias (e.g. 'prod') to pin a version"
                 )
-            if current != version:
-                self._write_alias(name, alias, version, current)
-
-    def _write_alias(self, name: str, alias: str, version: int, previous: int | None) -> None:
-        record = AliasRecord(
-            name=name,
-            alias=alias,
-            version=version,
-            previous=previous,
-            updated_at=datetime.now(UTC),
-        )
-        self._replace(self._layout.alias(name, alias), record.model_dump_json(indent=2))
-
-    def _replace(self, final: Path, text: str) -> None:
-        staged = fsio.write_temp(self._layout.tmp, text.encode(), durable=self.durable)
-        try:
-            fsio.replace(staged, final, durable=self.durable)
-        finally:
-            fsio.remove_quietly(staged)
+            if current == version:
+                return
+            record = _alias_bytes(name, alias, version, current)
+            if self._backend.swap(layout.alias(name, alias), record, etag):
+                return
+            # Another writer changed the alias after it was read: read it again, which
+            # refuses the move unless that writer left it where this caller expected it.
 
     # ------------------------------------------------------------------- cleanup
 
-    def gc(self) -> GcReport:
+    def gc(self, *, older_than: float | None = None) -> GcReport:
         """Remove leftovers of interrupted publishes (see ``pipeline.artifacts.cleanup``).
 
-        Waits for in-flight publishes and alias changes to finish; versions, aliases
-        and every blob a manifest refers to are kept.
+        Versions, aliases and every blob a manifest refers to are kept. Only leftovers
+        last written more than ``older_than`` seconds ago are removed; the default is 0 in
+        a local directory (gc waits for in-flight publishes there) and one hour on S3,
+        where nothing stops a publisher on another machine from still linking them.
         """
-        return collect_garbage(self._layout, timeout=self.lock_timeout)
+        if older_than is None:
+            older_than = self._backend.default_gc_age
+        if older_than < 0:
+            raise ArtifactError(f"older_than must be >= 0 seconds, got {older_than!r}")
+        return collect_garbage(self._backend, older_than=older_than)
 
     # ------------------------------------------------------------------- helpers
 
-    def _gc_shared(self) -> contextlib.AbstractContextManager[None]:
-        return fsio.file_lock(self._layout.gc_lock, shared=True, timeout=self.lock_timeout)
-
     def _by_key(self, name: str, idempotency_key: str) -> Manifest | None:
-        path = self._layout.key(name, idempotency_key)
         try:
-            record = KeyRecord.model_validate_json(path.read_bytes())
+            data = self._backend.read(layout.key(name, idempotency_key))
+            record = KeyRecord.model_validate_json(bytes(data))
         except (FileNotFoundError, ValidationError):
             return None
         try:
-            manifest = _read_manifest(self._layout, name, record.version)
+            manifest = read_manifest(self._backend, name, record.version)
         except ArtifactNotFoundError:
             return None
         return manifest if manifest.idempotency_key == idempotency_key else None
@@ -338,6 +348,19 @@ class ArtifactStore(Reader):
         if not isinstance(value, Mapping):
             raise ArtifactError(f"{what} must be a dict, got {type(value).__name__}")
         return json_safe(value, what)
+
+
+def _next_version(backend: Backend, name: str, after: int) -> int:
+    """One past the highest published version above ``after`` (``after`` exists or is 0)."""
+    numbers = version_numbers(backend, name, after=after)
+    return (numbers[-1] if numbers else after) + 1
+
+
+def _alias_bytes(name: str, alias: str, version: int, previous: int | None) -> bytes:
+    record = AliasRecord(
+        name=name, alias=alias, version=version, previous=previous, updated_at=datetime.now(UTC)
+    )
+    return record.model_dump_json(indent=2).encode()
 
 
 def _json_bytes(data: object) -> bytes:

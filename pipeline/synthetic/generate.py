@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space, write_metadata
+from pipeline.synthetic.point_robot_episodes import BEHAVIOR_COLUMN
 
 ROW_GROUP_SIZE = 65_536
 ROWS_PER_FILE = 1_048_576
@@ -34,6 +35,7 @@ _COLUMN_ORDER = (
     "terminateds",
     "truncateds",
     "new_obs",
+    BEHAVIOR_COLUMN,
 )
 
 
@@ -169,6 +171,8 @@ def _canonical_table(
             arrays[name] = pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
         elif name == "eps_id" and values.dtype == object:
             arrays[name] = pa.array(values, type=pa.string())
+        elif values.dtype.kind in "OU":
+            arrays[name] = pa.array(values.astype(object), type=pa.string()).dictionary_encode()
         else:
             arrays[name] = pa.array(values)
     indices = np.repeat(np.arange(len(task_ids), dtype=np.int32), rows_per_task)

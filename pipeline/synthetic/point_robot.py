@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -108,11 +109,34 @@ def rollout_returns(
     the episode of ``goals[i]``, so a per-task adapted policy can act on all tasks in one
     call. Repeat rows of ``goals`` for more episodes per task; ``.mean()`` for one number.
     """
+    return rollout_paths(policy, goals, seed=seed, max_steps=max_steps).returns
+
+
+class RolloutPaths(NamedTuple):
+    """Episodes of a policy, one per goal."""
+
+    positions: np.ndarray
+    """``[N, max_steps + 1, 2]`` float32: the start, then the position after each step."""
+    returns: np.ndarray
+    """``[N]`` float64 undiscounted returns."""
+
+
+def rollout_paths(
+    policy: Policy,
+    goals: np.ndarray,
+    *,
+    seed: int = 0,
+    max_steps: int = EPISODE_STEPS,
+) -> RolloutPaths:
+    """``rollout_returns`` that also keeps every position the robot visited: the same
+    episodes (same starts for the same ``seed`` and number of goals), for pictures."""
     goals = np.asarray(goals, dtype=np.float64)
     env = PointRobotEnv(goals, max_steps=max_steps)
     obs = env.reset(np.random.default_rng(seed))
+    positions = [obs]
     returns = np.zeros(len(goals))
     for _ in range(max_steps):
         obs, rewards, _, _ = env.step(policy(obs))
+        positions.append(obs)
         returns += rewards
-    return returns
+    return RolloutPaths(np.stack(positions, axis=1), returns)

@@ -1,0 +1,129 @@
+"""Storage backends: the few primitives the store's protocol is written against.
+
+``ArtifactStore`` publishes and reads with these operations only, so one protocol (see
+``pipeline.artifacts.store``) holds for every backend:
+
+- ``put_if_absent``: create an object only if its key is free (version manifests);
+- ``swap``: replace an object only if it is still the one read (compare-and-swap on its
+  ETag; aliases); ``None`` as the expected ETag means "must not exist yet";
+- ``store_blob``: content-addressed write, a no-op (that refreshes the blob's age) when the
+  key exists;
+- ``claim``: mutual exclusion between publishers of one idempotency key;
+- ``read``, ``read_tagged``, ``put``, ``list``, ``children``, ``delete``.
+
+Keys are relative, ``/``-separated and built by ``pipeline.artifacts.layout`` from
+validated names only. Ages are measured by the storage's own clock (file mtimes, the S3
+server's ``Date`` against ``LastModified``), so clients with skewed clocks agree on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from pipeline.artifacts.errors import ArtifactError
+from pipeline.artifacts.roots import S3Root, parse_root
+
+
+class ObjectInfo(NamedTuple):
+    """One listed object: its key relative to the store root, size and age in seconds."""
+
+    key: str
+    size: int
+    age: float
+
+
+class Tagged(NamedTuple):
+    """An object's contents and the ETag a ``swap`` must present to replace it."""
+
+    data: bytes
+    etag: str
+
+
+class Backend(Protocol):
+    root: Path | str
+    """The store's location: the directory, or the ``s3://bucket/prefix`` string."""
+    default_gc_age: float
+    """Seconds a leftover must have aged before ``gc`` removes it by default."""
+
+    def where(self, key: str) -> str:
+        """The object's location for messages (a path or an ``s3://`` URI)."""
+        ...
+
+    def uri(self, key: str) -> str: ...
+
+    def read(self, key: str) -> memoryview:
+        """The whole object in a writable buffer; FileNotFoundError naming it when absent."""
+        ...
+
+    def read_tagged(self, key: str) -> Tagged | None: ...
+
+    def put_if_absent(self, key: str, data: bytes) -> bool: ...
+
+    def swap(self, key: str, data: bytes, etag: str | None) -> bool: ...
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def store_blob(self, key: str, source: bytes | Path) -> None: ...
+
+    def staging_file(self, suffix: str = "") -> Path:
+        """A fresh local path to write a large file to before ``store_blob``."""
+        ...
+
+    def list(self, prefix: str, start_after: str | None = None) -> list[ObjectInfo]:
+        """Objects under ``prefix`` (recursively), sorted by key."""
+        ...
+
+    def children(self, prefix: str) -> list[str]:
+        """Names of the immediate sub-folders of ``prefix``, sorted."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def claim(self, key: str, timeout: float) -> contextlib.AbstractContextManager[Lease]: ...
+
+    def for_writing(self) -> contextlib.AbstractContextManager[None]:
+        """Held by publishers while they write; excludes ``for_gc`` where that is possible."""
+        ...
+
+    def for_gc(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def remove_staged(self, older_than: float) -> int:
+        """Remove what crashed writers left outside the store's keys; returns the count."""
+        ...
+
+
+class Lease(Protocol):
+    def check(self) -> None:
+        """Raise if the claim may have been taken over (its lease ran out); else nothing."""
+        ...
+
+
+def new_buffer(size: int) -> memoryview:
+    """A writable buffer of ``size`` bytes that is not zero-filled first: a ``bytearray``
+    writes every byte once before a read overwrites it (measured: 0.1-0.2 s per 100 MB)."""
+    import numpy as np
+
+    return memoryview(np.empty(size, dtype=np.uint8))
+
+
+def open_backend(
+    root: str | os.PathLike[str], *, durable: bool, lock_timeout: float, client: Any = None
+) -> Backend:
+    """The backend for a store root (see ``pipeline.artifacts.roots.parse_root``).
+
+    ``client`` is a boto3 S3 client to use instead of one built from the standard AWS
+    environment variables; it is refused for a local root.
+    """
+    parsed = parse_root(root)
+    if isinstance(parsed, S3Root):
+        from pipeline.artifacts.backends.s3 import S3Backend
+
+        return S3Backend(parsed, lock_timeout=lock_timeout, client=client)
+    if client is not None:
+        raise ArtifactError(f"client= is for s3:// stores; {str(root)!r} is a local directory")
+    from pipeline.artifacts.backends.local import LocalBackend
+
+    return LocalBackend(parsed, durable=durable, lock_timeout=lock_timeout)
