@@ -194,6 +194,26 @@ def test_the_per_task_loop_runs_eager_and_says_so(caplog: pytest.LogCaptureFixtu
     assert messages == [f"MetaConfig.compile='default': {reason}; the meta-step runs eager"]
 
 
+def test_macaw_runs_eager_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    config = {
+        "algorithm": "macaw",
+        "compile": "default",
+        "modules": {
+            "default_policy": {
+                "obs_dim": 2,
+                "action_dim": 2,
+                "model": {"head": "mean_advantage"},
+            },
+            "value": {"obs_dim": 2, "action_dim": 1},
+        },
+    }
+    learner = MetaLearner(config)
+    reason = "algorithm 'macaw' (two inner phases) runs eager; compile covers one"
+    assert learner.compiled_step.fallback == reason
+    messages = [r.getMessage() for r in caplog.records if r.name == "learners.compiled_step"]
+    assert messages == [f"MetaConfig.compile='default': {reason}; the meta-step runs eager"]
+
+
 def test_data_parallel_learners_run_eager_and_say_why() -> None:
     learner = DataParallelMetaLearner(_config(compile="reduce-overhead"))
     assert learner.compiled_step.fallback == (
