@@ -51,16 +51,15 @@ class MetaBatches:
 
     def __init__(
         self,
+        samples: TaskSamples | TaskWindows,
         *,
-        support: int,
-        query: int,
-        module_ids: tuple[str, ...],
         tasks_per_batch: int,
         ranks: Sequence[int],
         num_learners: int,
     ) -> None:
+        support, query = samples.support, samples.query
         self.support = support
-        self.module_ids = module_ids
+        self.module_ids = samples.module_ids
         self.tasks = tasks_per_batch
         self.ranks = tuple(ranks)
         self.step = tasks_per_batch * num_learners
@@ -127,12 +126,7 @@ class TaskSource:
         self._num_learners = num_learners
         self._pin_memory = pin_memory
         self._batches = MetaBatches(
-            support=samples.support,
-            query=samples.query,
-            module_ids=samples.module_ids,
-            tasks_per_batch=tasks_per_batch,
-            ranks=ranks,
-            num_learners=num_learners,
+            samples, tasks_per_batch=tasks_per_batch, ranks=ranks, num_learners=num_learners
         )
 
     def deals(self, epoch: int, skip: int) -> Iterator[Deal]:
@@ -201,12 +195,7 @@ class WindowTaskSource:
         self._num_learners = num_learners
         self._pin_memory = pin_memory
         self._batches = MetaBatches(
-            support=windows.support,
-            query=windows.query,
-            module_ids=windows.module_ids,
-            tasks_per_batch=tasks_per_batch,
-            ranks=ranks,
-            num_learners=num_learners,
+            windows, tasks_per_batch=tasks_per_batch, ranks=ranks, num_learners=num_learners
         )
         self._rows_held = self._max_rows_held = self._windows_read = 0
 
