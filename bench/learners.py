@@ -270,6 +270,7 @@ def bench_sinusoid_full(iterations: int = 70_000) -> None:
 
 # Calls timed and warm-up calls per shape: a large-shape step takes most of a second on CPU.
 _CALLS = {"sinusoid": (100, 5), "one-task": (200, 5), "large": (5, 1)}
+_GPU_CALLS = (300, 20)  # every shape's step takes milliseconds on a GPU
 _COMPILED_TARGET_S = 1.5e-3  # on a GPU, sinusoid and large shapes
 
 
@@ -317,7 +318,7 @@ def _meta_step_case(shape: Shape, device: torch.device, mode: str) -> None:
         print(f"   {shape.name}: the compiled learner fell back to eager: ", end="")
         print(compiled.compiled_step.fallback)
     autograd = autograd_step(model)
-    calls, warmup = _CALLS[shape.name]
+    calls, warmup = _CALLS[shape.name] if device.type == "cpu" else _GPU_CALLS
     times = _best_times(
         {
             "eager": lambda: eager.step(batch),
@@ -391,19 +392,24 @@ def _meta_step_case(shape: Shape, device: torch.device, mode: str) -> None:
         )
 
 
-def bench_meta_step(device: torch.device, mode: str, quick: bool) -> None:
+def bench_meta_step(device: torch.device, mode: str, shapes: list[str]) -> None:
     print(
         f"5. MetaLearner.step eager and compiled (mode {mode!r}) against hand-written "
         f"torch.func steps, on {device}"
     )
-    for shape in SHAPES[:1] if quick else SHAPES:
-        _meta_step_case(shape, device, mode)
+    for name in shapes:
+        _meta_step_case(next(shape for shape in SHAPES if shape.name == name), device, mode)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="also run the 70k sinusoid run")
     parser.add_argument("--quick", action="store_true", help="5: the sinusoid shape only")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(shape.name for shape in SHAPES),
+        help="5: the shapes to measure, comma-separated (default: all)",
+    )
     parser.add_argument("--device", default="cpu", help="device of 5 (cpu, cuda, cuda:N)")
     parser.add_argument(
         "--mode", default=None, help="torch.compile mode of 5 (default: reduce-overhead on cuda)"
@@ -416,11 +422,15 @@ def main(argv: list[str] | None = None) -> int:
     # Small kernels gain nothing from intra-op threads, and on a shared 2-core machine
     # spinning worker threads make every timing noisier.
     torch.set_num_threads(1)
+    shapes = ["sinusoid"] if args.quick else args.shapes.split(",")
+    unknown = sorted(set(shapes) - {shape.name for shape in SHAPES})
+    if unknown:
+        parser.error(f"--shapes: unknown {unknown}; choose from {[s.name for s in SHAPES]}")
     if device.type == "cpu":
         bench_update_overhead()
         bench_vmap_vs_loop()
         bench_saved_memory()
-    bench_meta_step(device, mode, args.quick)
+    bench_meta_step(device, mode, shapes)
     if args.full:
         bench_sinusoid_full()
     return 0

@@ -198,12 +198,13 @@ def software_versions() -> dict[str, str | None]:
 
 def git_revision(directory: Path = ROOT) -> dict[str, Any]:
     """``{"revision", "dirty"}`` of the checkout; dirty means changes other than new records
-    (tracked or not). Both null outside a git checkout."""
+    (tracked or not). Outside a git checkout (a copy sent to a GPU machine, say) the revision
+    is ``OFFMETA_GIT_REVISION`` when the sender set it, and dirty is null."""
     try:
         head = _git(directory, "rev-parse", "HEAD")
         status = _git(directory, "status", "--porcelain", "--", ".", ":(exclude)bench/results")
     except (OSError, subprocess.SubprocessError):
-        return {"revision": None, "dirty": None}
+        return {"revision": os.environ.get("OFFMETA_GIT_REVISION"), "dirty": None}
     return {"revision": head.strip(), "dirty": bool(status.strip())}
 
 
