@@ -179,7 +179,7 @@ def row_source(
 ) -> RowSource:
     """A row source over ``Episodes``, or over a Ray ``DataIterator`` that is already one
     learner's shard (Ray Train's ``get_dataset_shard``). With ``gamma``, rows also carry
-    the columns derived at ingest (``pipeline.returns``), looked up by ``(eps_id, t)``."""
+    the columns derived at ingest (``pipeline.returns``), looked up by episode and step."""
     import ray.data
     from ray.data.dataset import MaterializedDataset
     from ray.data.expressions import col

@@ -14,9 +14,10 @@ overestimates) what the policy would have collected. A learner with a critic can
 those rows itself from ``new_obs``.
 
 Task samples compute the columns from the rows they already hold in (episode, t) order; row
-streams, whose rows arrive shuffled in super-batches, look each row up by ``(eps_id, t)`` in
-a ``ReturnsIndex`` built once from the id, reward and flag columns of the whole dataset (an
-episode may span files).
+streams, whose rows arrive shuffled in super-batches, look each row up by ``(eps_id, t)``
+(``(module_id, eps_id, t)`` when there is a ``module_id`` column: agents of one recording
+share episode ids) in a ``ReturnsIndex`` built once from the id, reward and flag columns of
+the whole dataset (an episode may span files).
 """
 
 from __future__ import annotations
@@ -115,53 +116,60 @@ def returns_columns(table: pa.Table, gamma: float) -> dict[str, np.ndarray]:
 
 
 class ReturnsIndex:
-    """The derived columns of every row of a dataset, found by ``(eps_id, t)``."""
+    """The derived columns of every row of a dataset, found by ``(eps_id, t)``, or by
+    ``(module_id, eps_id, t)`` when the dataset has a ``module_id`` column."""
 
     def __init__(self, table: pa.Table, gamma: float) -> None:
-        """``table``: the ``INPUT_COLUMNS`` of every row, in any order."""
+        """``table``: the ``INPUT_COLUMNS`` of every row (and ``module_id`` if the dataset
+        has one), in any order."""
         episodes = _decoded(table.column("eps_id")).combine_chunks()
         self._names = None if pa.types.is_integer(episodes.type) else pc.unique(episodes)
+        self._modules = (
+            pc.unique(_decoded(table.column("module_id")).combine_chunks())
+            if "module_id" in table.column_names
+            else None
+        )
         codes = self._codes(episodes)
+        self._c0 = int(codes.min()) if len(codes) else 0
+        self._c_span = int(codes.max()) - self._c0 + 1 if len(codes) else 1
         t = table.column("t").to_numpy().astype(np.int64)
         self._t0 = int(t.min()) if len(t) else 0
         self._span = int(t.max()) - self._t0 + 1 if len(t) else 1
-        self._c0 = int(codes.min()) if len(codes) else 0
-        if len(codes) and (int(codes.max()) - self._c0 + 1) * self._span >= 2**62:
+        modules = 1 if self._modules is None else max(len(self._modules), 1)
+        if len(codes) and modules * self._c_span * self._span >= 2**62:
             raise DatasetError(
-                f"returns: {len(codes)} rows with episode ids up to {int(codes.max())} and up "
-                f"to {self._span} steps do not fit one int64 key; store compact episode ids"
+                f"returns: {len(codes)} rows with episode ids up to {int(codes.max())}, up "
+                f"to {self._span} steps and {modules} modules do not fit one int64 key; store "
+                "compact episode ids"
             )
-        keys = self._keys(codes, t)
+        keys, _ = self._keys(table, codes, t)
         order = np.argsort(keys, kind="stable")
         self._keys_sorted = keys[order]
         repeated = np.flatnonzero(np.diff(self._keys_sorted) == 0)
         if len(repeated):
             row = int(order[repeated[0]])
             raise DatasetError(
-                f"returns: eps_id {episodes[row].as_py()!r} t {int(t[row])} is on more than "
-                "one row (modules sharing episode ids); row streams look returns up by "
-                "(eps_id, t), so expected each pair once: use task_samples, which keeps "
-                "modules apart, or give each module's episodes their own eps_id"
+                f"returns: {self._where(table, row)} is on more than one row; expected each "
+                "step of an episode once (offmeta data validate names every repeated row)"
             )
-        derived = returns_columns(table.take(pa.array(order)), gamma)
-        self._values = derived
+        self._values = returns_columns(table.take(pa.array(order)), gamma)
 
     def add_to(self, table: pa.Table, columns: Sequence[str]) -> pa.Table:
-        """``table`` (with ``eps_id`` and ``t``) plus the derived ``columns`` of its rows."""
-        episodes = _decoded(table.column("eps_id")).combine_chunks()
-        codes = self._codes(episodes)
+        """``table`` (with ``eps_id``, ``t`` and, in a dataset with modules, ``module_id``)
+        plus the derived ``columns`` of its rows."""
+        codes = self._codes(_decoded(table.column("eps_id")).combine_chunks())
         t = table.column("t").to_numpy().astype(np.int64)
-        keys = self._keys(codes, t)
+        keys, known = self._keys(table, codes, t)
         where = np.searchsorted(self._keys_sorted, keys)
-        # Steps outside the dataset's range would alias another episode's key.
-        found = (where < len(self._keys_sorted)) & (t >= self._t0) & (t < self._t0 + self._span)
+        # Ids or steps outside the dataset's ranges would alias another episode's key.
+        found = known & (where < len(self._keys_sorted))
         found[found] = self._keys_sorted[where[found]] == keys[found]
         if not found.all():
             row = int(np.flatnonzero(~found)[0])
             raise DatasetError(
-                f"returns: eps_id {episodes[row].as_py()!r} t {table.column('t')[row].as_py()} "
-                "is not in the dataset the returns were derived from; expected the rows of "
-                "the dataset as read (read it again after changing its files)"
+                f"returns: {self._where(table, row)} is not in the dataset the returns were "
+                "derived from; expected the rows of the dataset as read (read it again after "
+                "changing its files)"
             )
         for name in columns:
             table = table.append_column(name, pa.array(self._values[name][where]))
@@ -188,18 +196,34 @@ class ReturnsIndex:
         if self._names is None:
             return episodes.to_numpy(zero_copy_only=False).astype(np.int64)
         codes = pc.index_in(episodes, value_set=self._names)
-        # A missing id becomes -1 here and fails the key comparison in add_to.
+        # A missing id becomes -1 here and fails the range check in _keys.
         return pc.fill_null(codes, -1).to_numpy().astype(np.int64)
 
-    def _keys(self, codes: np.ndarray, t: np.ndarray) -> np.ndarray:
-        return (codes - self._c0) * self._span + (t - self._t0)
+    def _keys(self, table: pa.Table, codes: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, ...]:
+        """One int64 key per row, and whether the row's ids and step are in range (a key
+        out of range may equal another row's)."""
+        episode, step = codes - self._c0, t - self._t0
+        known = (episode >= 0) & (episode < self._c_span) & (step >= 0) & (step < self._span)
+        if self._modules is not None:
+            modules = pc.index_in(
+                _decoded(table.column("module_id")).combine_chunks(), value_set=self._modules
+            )
+            module = pc.fill_null(modules, -1).to_numpy().astype(np.int64)
+            known &= module >= 0
+            episode = module * self._c_span + episode
+        return episode * self._span + step, known
+
+    def _where(self, table: pa.Table, row: int) -> str:
+        names = ["eps_id", "t"] if self._modules is None else ["module_id", "eps_id", "t"]
+        return " ".join(f"{name} {table.column(name)[row].as_py()!r}" for name in names)
 
 
 def returns_index(episodes: Episodes, gamma: float) -> ReturnsIndex:
     """A ``ReturnsIndex`` of every row of ``episodes``, read through its Ray Dataset (the
     input columns only)."""
     check_gamma(gamma)
-    dataset = episodes.dataset.select_columns(list(INPUT_COLUMNS))
+    modules = ["module_id"] if episodes.schema.has_module_id else []
+    dataset = episodes.dataset.select_columns([*modules, *INPUT_COLUMNS])
     parts = list(dataset.iter_batches(batch_size=None, batch_format="pyarrow"))
     return ReturnsIndex(pa.concat_tables(parts), gamma)
 

@@ -240,11 +240,60 @@ def test_modules_sharing_an_episode_id_are_separate_episodes():
         [1.0 + GAMMA * 2.0, 2.0, 3.0 + GAMMA * 4.0, 4.0], rel=1e-7
     )
     assert derived["returns_truncated"].tolist() == [False, False, True, True]
-    with pytest.raises(DatasetError) as error:
-        ReturnsIndex(table, GAMMA)
-    assert str(error.value) == (
-        "returns: eps_id 0 t 0 is on more than one row (modules sharing episode ids); row "
-        "streams look returns up by (eps_id, t), so expected each pair once: use "
-        "task_samples, which keeps modules apart, or give each module's episodes their own "
-        "eps_id"
+    index = ReturnsIndex(table, GAMMA)
+    shuffled = table.take(pa.array([3, 0, 2, 1]))
+    looked_up = index.add_to(shuffled.select(["module_id", "eps_id", "t"]), ["returns"])
+    assert looked_up.column("returns").to_pylist() == pytest.approx(
+        derived["returns"][[3, 0, 2, 1]].tolist(), rel=1e-7
     )
+    stranger = pa.table(
+        {"module_id": ["c"], "eps_id": pa.array([0], pa.int64()), "t": pa.array([0], pa.int32())}
+    )
+    with pytest.raises(DatasetError) as error:
+        index.add_to(stranger, ["returns"])
+    assert str(error.value) == (
+        "returns: module_id 'c' eps_id 0 t 0 is not in the dataset the returns were derived "
+        "from; expected the rows of the dataset as read (read it again after changing its files)"
+    )
+    with pytest.raises(DatasetError) as error:
+        ReturnsIndex(pa.concat_tables([table, table.slice(2, 1)]), GAMMA)
+    assert str(error.value) == (
+        "returns: module_id 'b' eps_id 0 t 0 is on more than one row; expected each step of "
+        "an episode once (offmeta data validate names every repeated row)"
+    )
+
+
+@pytest.mark.timeout(120)
+def test_row_streams_of_agents_sharing_episode_ids_get_each_agents_returns(tmp_path, ray_session):
+    # Two agents recorded together: the same eps_id and t on both, different rewards.
+    one = episode_table(12, episode_length=4, seed=1, module_id=pa.array(["a"] * 12))
+    two = episode_table(12, episode_length=4, seed=2, module_id=pa.array(["b"] * 12))
+    write(tmp_path / "a.parquet", one)
+    write(tmp_path / "b.parquet", two)
+    expected = {}
+    for module, table in (("a", one), ("b", two)):
+        eps = np.asarray(table.column("eps_id"))
+        returns, _ = _loop_returns(
+            np.asarray(table.column("rewards")), eps, dict.fromkeys(eps.tolist(), True), GAMMA
+        )
+        for e, s, r in zip(eps, np.asarray(table.column("t")), returns, strict=True):
+            expected[(module, int(e), int(s))] = r
+    [stream] = split_for_learners(
+        read_episodes(tmp_path), 1, minibatch_size=4, columns=["eps_id", "t", "returns"],
+        gamma=GAMMA,
+    )  # fmt: skip
+    seen = {}
+    with stream:
+        for batch in stream.take(6):
+            for module, columns in batch.items():
+                for e, s, r in zip(
+                    columns["eps_id"].tolist(),
+                    columns["t"].tolist(),
+                    columns["returns"].tolist(),
+                    strict=True,
+                ):
+                    seen[(module, e, s)] = r
+    assert seen.keys() == expected.keys()
+    for key, want in expected.items():
+        atol = rounding_tolerance(np.float32, magnitude=abs(want), ops=1)
+        assert seen[key] == pytest.approx(want, rel=0, abs=atol), key
