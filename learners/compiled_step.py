@@ -104,12 +104,10 @@ class CompiledMetaStep:
         # graphs: there the new state comes out and is copied in after the call. Otherwise
         # the compiled code writes it in place (the copies fuse into its kernels).
         self._writes_in_place = mode != "reduce-overhead"
-        if self._writes_in_place:
-            self._compiled = torch.compile(
-                _writing_in_place(meta_step), mode=mode, fullgraph=True, dynamic=False
-            )
-        else:
-            self._compiled = torch.compile(meta_step, mode=mode, fullgraph=True, dynamic=False)
+        compiled = _writing_in_place(meta_step) if self._writes_in_place else meta_step
+        self._compiled = torch.compile(
+            compiled, options=_inductor_options(mode), fullgraph=True, dynamic=False
+        )
         if unsupported is not None:
             self._fall_back(unsupported)
 
@@ -169,6 +167,14 @@ def _writing_in_place(meta_step: MetaStep) -> Callable[[OuterState, Batch, Batch
         return metrics
 
     return step_in_place
+
+
+def _inductor_options(mode: str) -> dict[str, Any]:
+    """Inductor's options for `mode`, without loop reordering after fusion: with that pass,
+    torch 2.11's inductor failed an assertion (`reorder_loops_by_dep_pair`) compiling the
+    meta-step of 64 tasks on a 20-256-256-6 net for an H200 (bench/learners.py, large shape),
+    in both modes; without it the step compiles."""
+    return {**torch._inductor.list_mode_options(mode), "loop_ordering_after_fusion": False}
 
 
 def _num_tasks(batch: Batch) -> int:
