@@ -112,9 +112,13 @@ class CompiledMetaStep:
         # graphs: there the new state comes out and is copied in after the call. Otherwise
         # the compiled code writes it in place (the copies fuse into its kernels).
         self._reduce_overhead = mode == "reduce-overhead"
-        # torch.compile takes a mode or options, not both: the mode's own options, plus ours.
-        options = {**torch._inductor.list_mode_options(mode), "guard_filter_fn": _kept_guards}
-        compile_ = functools.partial(torch.compile, options=options, fullgraph=True, dynamic=False)
+        # Compiled code is kept per function code object, which every learner shares; the
+        # guards that told learners apart are gone (`_kept_guards`), so each learner keeps
+        # its own (isolate_recompiles): another learner's graph never runs here.
+        options = {**_inductor_options(mode), "guard_filter_fn": _kept_guards}
+        compile_ = functools.partial(
+            torch.compile, options=options, fullgraph=True, dynamic=False, isolate_recompiles=True
+        )
         if self._reduce_overhead:
             self._run = _writing_after(compile_(meta_step), parts.outer)
         else:
@@ -188,6 +192,14 @@ def _writing_after(
         return metrics
 
     return step_then_write
+
+
+def _inductor_options(mode: str) -> dict[str, Any]:
+    """Inductor's options for `mode`, without loop reordering after fusion: with that pass,
+    torch 2.11's inductor failed an assertion (`reorder_loops_by_dep_pair`) compiling the
+    meta-step of 64 tasks on a 20-256-256-6 net for an H200 (bench/learners.py, large shape),
+    in both modes; without it the step compiles."""
+    return {**torch._inductor.list_mode_options(mode), "loop_ordering_after_fusion": False}
 
 
 def _kept_guards(guards: list[GuardFilterEntry]) -> list[bool]:
