@@ -20,16 +20,19 @@ import functools
 import logging
 import re
 import time
+import types
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch._dynamo.types import GuardFilterEntry
 
 from learners.meta_batch import MetaBatch
 from learners.outer_step import InnerCheck, OuterState, OuterStep, copy_state, outer_update
 from learners.params import Batch, Params
+
+if TYPE_CHECKING:
+    from torch._dynamo.types import GuardFilterEntry
 
 _log = logging.getLogger(__name__)
 # The compiled function's arguments: their guards stay (`_kept_guards`).
@@ -112,17 +115,12 @@ class CompiledMetaStep:
         # graphs: there the new state comes out and is copied in after the call. Otherwise
         # the compiled code writes it in place (the copies fuse into its kernels).
         self._reduce_overhead = mode == "reduce-overhead"
-        # Compiled code is kept per function code object, which every learner shares; the
-        # guards that told learners apart are gone (`_kept_guards`), so each learner keeps
-        # its own (isolate_recompiles): another learner's graph never runs here.
         options = {**_inductor_options(mode), "guard_filter_fn": _kept_guards}
-        compile_ = functools.partial(
-            torch.compile, options=options, fullgraph=True, dynamic=False, isolate_recompiles=True
-        )
+        compile_ = functools.partial(torch.compile, options=options, fullgraph=True, dynamic=False)
         if self._reduce_overhead:
-            self._run = _writing_after(compile_(meta_step), parts.outer)
+            self._run = _writing_after(compile_(_own_code(meta_step)), parts.outer)
         else:
-            self._run = compile_(_writing_in_place(meta_step))
+            self._run = compile_(_own_code(_writing_in_place(meta_step)))
         if unsupported is not None:
             self._fall_back(unsupported)
 
@@ -192,6 +190,24 @@ def _writing_after(
         return metrics
 
     return step_then_write
+
+
+def _own_code(function: Callable) -> Callable:
+    """`function` with a code object of its own.
+
+    Dynamo keeps compiled code per code object, and every learner's meta-step function
+    shares one; the guards that told learners apart are left out (`_kept_guards`), so each
+    learner compiles its own copy: another learner's graph, built with its config and
+    models, never runs here. (torch 2.13's `isolate_recompiles` does the same, but older
+    torch versions, which GPU machines may run, lack it.)
+    """
+    return types.FunctionType(
+        function.__code__.replace(),
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
 
 
 def _inductor_options(mode: str) -> dict[str, Any]:
