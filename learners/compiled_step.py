@@ -6,7 +6,10 @@ vmapped task objective (inner updates, query losses), the meta-gradient by
 `torch.func.grad` (a `.backward()` would split the function in two), its step metrics, and
 the pure outer update of `learners.outer_step` (clipping, non-finite policies, Adam or SGD).
 `CompiledMetaStep` compiles that function once with `torch.compile(fullgraph=True,
-dynamic=False)`, feeds it the live state, and writes the new state back in place.
+dynamic=False)`, feeds it the live state, and writes the new state back in place. Before
+each call dynamo checks guards on the function's arguments and the ambient state only, not
+on the learner it closes over (`_kept_guards`), and each learner compiles its own copy of
+the function (`_own_code`): its config and models are those it was built with.
 
 Meta-batches of the same shapes reuse the compiled code; each compilation is counted and
 its time logged. A configuration that cannot compile, or a compilation that fails, logs a
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 # The compiled function's arguments: their guards stay (`_kept_guards`).
 _ARGUMENTS = ("state", "support", "query")
+_ROOT = re.compile(r"(?:L\[['\"])?(\w*)")
 
 Aux = dict[str, dict[str, Tensor]]
 StepMetrics = dict[str, Tensor | int]
@@ -95,7 +99,7 @@ def build_meta_step(parts: MetaStepParts) -> MetaStep:
 
 
 class CompiledMetaStep:
-    """`build_meta_step` compiled with `torch.compile(mode=mode)`, run on the live state.
+    """`build_meta_step` compiled in `mode` (its inductor options), run on the live state.
 
     `unsupported` is a reason known before compiling that this learner cannot use it.
     """
@@ -237,9 +241,9 @@ def _kept_guards(guards: list[GuardFilterEntry]) -> list[bool]:
 
 
 def _root(name: str) -> str:
-    """The name a guard's source starts from: an argument, a closure cell, G (globals)..."""
-    match = re.match(r"\w*", name)
-    return match.group() if match else ""
+    """The name a guard's source starts from: an argument, a closure cell, G (globals)...
+    (torch 2.13 names a local `state[...]`; its guard logs, and older versions, `L['state']`)."""
+    return _ROOT.match(name).group(1)  # type: ignore[union-attr]  # matches every string
 
 
 def _num_tasks(batch: Batch) -> int:
