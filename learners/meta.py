@@ -41,10 +41,17 @@ from learners.params import (
 )
 
 STATE_FORMAT = 1
-# Step metrics logged as sums of events per reporting period, and those not logged at all
-# (num_tasks goes to throughput and lifetime counters; weights_seq_no lives in the state).
-_COUNTED = ("inner_nonfinite_tasks", "outer_skipped")
-_NOT_LOGGED = ("num_tasks", "weights_seq_no")
+# How each step metric is logged (the mean over a window unless named here): sums of events
+# per reporting period, and None for those not logged (num_tasks goes to throughput and
+# lifetime counters; weights_seq_no lives in the state).
+_REDUCE = {
+    "inner_nonfinite_tasks": "sum",
+    "outer_skipped": "sum",
+    "num_tasks": None,
+    "weights_seq_no": None,
+    "num_tasks_trained": "throughput",
+    "num_tasks_trained_lifetime": "lifetime_sum",
+}
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # What each task reports per module, by name (`_task_objective`): its losses, then the count
 # of its non-finite inner steps.
@@ -95,6 +102,7 @@ class MetaLearner:
             )
         self._models = dict(models)
         self._trained = cfg.trained_modules
+        self._data_modules = cfg.data_modules
         dtype = _DTYPES[cfg.dtype]
         self._params = to_device(params_from_modules(self._models), self.device, dtype)
         for module_id, named in self._params.items():
@@ -155,13 +163,10 @@ class MetaLearner:
         if metrics is None:
             grads, metrics = self.compute_meta_gradients(meta_batch)
             metrics.update(self.apply_meta_gradients(grads))
-        for key, value in metrics.items():
-            if key in _COUNTED:
-                self.metrics.log(key, value, reduce="sum")
-            elif key not in _NOT_LOGGED:
-                self.metrics.log(key, value)
-        self.metrics.log("num_tasks_trained", metrics["num_tasks"], reduce="throughput")
-        self.metrics.log("num_tasks_trained_lifetime", metrics["num_tasks"], reduce="lifetime_sum")
+        self.metrics.log_many(metrics, _REDUCE)
+        num_tasks = metrics["num_tasks"]
+        tasks = {"num_tasks_trained": num_tasks, "num_tasks_trained_lifetime": num_tasks}
+        self.metrics.log_many(tasks, _REDUCE)
         return metrics
 
     def compute_meta_gradients(self, meta_batch: MetaBatch) -> tuple[MetaGradients, dict]:
@@ -214,7 +219,7 @@ class MetaLearner:
             if grad.shape != leaf.shape:
                 raise ValueError(f"gradient shape {tuple(grad.shape)} != {tuple(leaf.shape)}")
         metrics: dict[str, Tensor | int] = dict(self._outer.apply(flat, grads.inner))
-        metrics.update(self._lr_stats())
+        metrics.update(_lr_stats(list(self._log_lrs.values())))
         return metrics
 
     def check_finite(self) -> None:
@@ -354,7 +359,7 @@ class MetaLearner:
     def _prepare(self, meta_batch: MetaBatch) -> tuple[Batch, Batch, int]:
         """(support, query, number of tasks) of a meta-batch checked at the boundary, each
         batch expanded by the inner rule (derived inputs such as MACAW's advantages)."""
-        support, query, num_tasks = check_meta_batch(meta_batch, self.config.data_modules)
+        support, query, num_tasks = check_meta_batch(meta_batch, self._data_modules)
         return self._rule.expand(support), self._rule.expand(query), num_tasks
 
     def _outcome(
@@ -379,7 +384,7 @@ class MetaLearner:
             trained=self._trained,
             log_lr_keys=list(self._log_lrs),
             outer=self._outer,
-            lr_stats=self._lr_stats,
+            lr_stats=_lr_stats,
         )
         unsupported = None
         if self.config.vectorize != "vmap":
@@ -462,16 +467,18 @@ class MetaLearner:
                 metrics[f"{m}/support_loss_after"] = mean["support_loss_after"]
         return metrics
 
-    def _lr_stats(self) -> dict[str, Tensor]:
-        if not self._log_lrs:
-            return {}
-        with torch.no_grad():
-            flat = torch.cat([v.reshape(-1) for v in self._log_lrs.values()]).exp()
-            return {
-                "inner_lr_mean": flat.mean(),
-                "inner_lr_min": flat.min(),
-                "inner_lr_max": flat.max(),
-            }
+
+def _lr_stats(log_lrs: list[Tensor]) -> dict[str, Tensor]:
+    """Mean, least and largest learned inner learning rate (none without them)."""
+    if not log_lrs:
+        return {}
+    with torch.no_grad():
+        flat = torch.cat([v.reshape(-1) for v in log_lrs]).exp()
+        return {
+            "inner_lr_mean": flat.mean(),
+            "inner_lr_min": flat.min(),
+            "inner_lr_max": flat.max(),
+        }
 
 
 def _grad_of(leaf: Tensor) -> Tensor:

@@ -36,6 +36,21 @@ def check_meta_batch(meta_batch: MetaBatch, trained: list[str]) -> tuple[Batch, 
         raise ValueError(
             f"the meta-batch holds modules {sorted(support)}, none of the trained {trained}"
         )
+    # Runs before every meta-step: the messages are built only when a check fails.
+    tasks = set()
+    for batch in (support, query):
+        for columns in batch.values():
+            for tensor in columns.values():
+                if not isinstance(tensor, Tensor) or tensor.dim() < 2:
+                    _refuse_tensors(support, query)
+                tasks.add(tensor.shape[0])
+    if len(tasks) != 1:
+        _refuse_tensors(support, query)
+    return support, query, tasks.pop()
+
+
+def _refuse_tensors(support: Batch, query: Batch) -> None:
+    """Raise for the first tensor not shaped [tasks, rows, ...], else for differing task counts."""
     sizes = {}
     for part, batch in (("support", support), ("query", query)):
         for module_id, columns in batch.items():
@@ -47,6 +62,4 @@ def check_meta_batch(meta_batch: MetaBatch, trained: list[str]) -> tuple[Batch, 
                         f"{where} must be a tensor shaped [tasks, rows, ...], got {found}"
                     )
                 sizes[where] = tensor.shape[0]
-    if len(set(sizes.values())) != 1:
-        raise ValueError(f"every tensor needs the same number of tasks (leading dim), got {sizes}")
-    return support, query, next(iter(sizes.values()))
+    raise ValueError(f"every tensor needs the same number of tasks (leading dim), got {sizes}")

@@ -27,6 +27,8 @@ from torch import Tensor
 REDUCTIONS = ("mean", "ema", "sum", "lifetime_sum", "throughput")
 
 Value = float | int | Tensor
+# Tensors a sum holds back before adding them (`_Stat.push`): bounds what it keeps alive.
+_PENDING = 256
 
 
 def _clock() -> float:
@@ -43,6 +45,8 @@ class _Stat:
     total: Value = 0.0
     count: int = 0
     since: float = field(default_factory=lambda: _clock())
+    pending: list[Value] = field(default_factory=list)
+    """Values not yet added to `total`, in order (see `push`)."""
 
     def __post_init__(self) -> None:
         self.values = deque(maxlen=self.window)
@@ -53,11 +57,27 @@ class _Stat:
             self.values.append(value)
         elif self.reduce == "ema":
             self.ema = value if self.ema is None else self.ema + self.ema_coeff * (value - self.ema)
+        elif isinstance(value, Tensor) or self.pending:
+            # A tensor added per step would cost a device operation per metric and step
+            # (tens of microseconds beside a compiled meta-step): tensors wait here and are
+            # added when read, in the same order, so the total is the same to the bit.
+            self.pending.append(value)
+            if len(self.pending) >= _PENDING:
+                self.fold()
         else:
             self.total = self.total + value
 
+    def fold(self) -> None:
+        """Add the pending values to `total`."""
+        total = self.total
+        for value in self.pending:
+            total = total + value
+        self.total = total
+        self.pending.clear()
+
     def result(self) -> tuple[float, int]:
         """(value, weight for merging) without changing anything."""
+        self.fold()
         if self.reduce == "mean":
             values = _floats(self.values)
             return (sum(values) / len(values) if values else float("nan")), len(values)
@@ -71,6 +91,7 @@ class _Stat:
     def reset_period(self) -> None:
         if self.reduce in ("sum", "throughput"):
             self.total = 0.0
+            self.pending.clear()
             self.since = _clock()
 
 
@@ -96,7 +117,8 @@ def _check_value(key: str, value: Value) -> Value:
                 f"metric {key!r}: expected a float or a one-element tensor, "
                 f"got a tensor of shape {tuple(value.shape)}"
             )
-        return value.detach()
+        # Detaching costs a new tensor object per value; most values have no graph to drop.
+        return value.detach() if value.requires_grad else value
     if isinstance(value, bool) or not isinstance(value, float | int):
         raise TypeError(f"metric {key!r}: expected a number, got {type(value).__name__}")
     return value
@@ -155,6 +177,21 @@ class MetricsLogger:
             )
         stat.push(value)
 
+    def log_many(self, values: Mapping[str, Value], reductions: Mapping[str, str | None]) -> None:
+        """`log` for every item of `values`, reduced as `reductions` says ('mean' for a key it
+        does not name; None: not logged). One call per meta-step rather than one per metric,
+        whose cost shows beside a compiled step of half a millisecond."""
+        stats, prefix = self._stats, self._prefix
+        for key, value in values.items():
+            reduce = reductions.get(key, "mean")
+            if reduce is None:
+                continue
+            stat = stats.get(prefix + key)
+            if stat is None or stat.reduce != reduce:
+                self.log(key, value, reduce=reduce)  # a new key, or a reduction refused
+            else:
+                stat.push(_check_value(key, value))
+
     def log_dict(self, values: Mapping[str, Value], *, reduce: str = "mean") -> None:
         """`log` for every item."""
         for key, value in values.items():
@@ -187,6 +224,7 @@ class MetricsLogger:
         """Plain Python (floats, lists) for this scope's keys; JSON- and torch.save-able."""
         stats = {}
         for key, stat in self._own().items():
+            stat.fold()
             stats[key] = {
                 "reduce": stat.reduce,
                 "window": stat.window,

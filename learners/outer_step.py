@@ -172,9 +172,20 @@ class OuterStep:
         self._seq_no = torch.zeros((), dtype=torch.int64, device=first.device)
         self._modules = tuple(modules)
         self._failure = _no_failure(first, len(modules))
+        self._live: OuterState | None = None
+        self._live_source: object = None
 
     def state(self) -> OuterState:
-        """The live tensors (writing to them changes the learner)."""
+        """The live tensors (writing to them changes the learner).
+
+        Built once and kept until `reset`, or until the optimizer's state is replaced (its
+        `load_state_dict` swaps the whole dict): every update writes into these tensors."""
+        if self._live is None or self._live_source is not self._optimizer.state:
+            self._live = self._read_state()
+            self._live_source = self._optimizer.state
+        return self._live
+
+    def _read_state(self) -> OuterState:
         slots: dict[str, list[Tensor]] = {name: [] for name in self.rule.slot_names}
         steps: list[Tensor] = []
         stateless = not slots and self.rule.optimizer != "adam"  # SGD without momentum
@@ -215,6 +226,7 @@ class OuterStep:
         """Set the counter and forget any recorded failure (a state was loaded)."""
         self._seq_no.fill_(weights_seq_no)
         self._failure = _no_failure(self._leaves[0], len(self._modules))
+        self._live = None
 
     def check_finite(self) -> None:
         """Raise `NonFiniteGradientError` for the first non-finite value met under an `error`

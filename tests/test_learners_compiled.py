@@ -28,6 +28,16 @@ _STEPS = 3
 # 5 rows and a query loss on 6 (each a few dot products of at most 8 terms and a mean), and
 # the second-order backward pass through both: about 4 * 100 < 500, both computations alike.
 _OPS = 500
+# Step metrics compared with the eager step's (the learned learning rates' among them).
+_COMPARED = (
+    "query_loss",
+    "support_loss_before",
+    "support_loss_after",
+    "grad_norm",
+    "inner_lr_mean",
+    "inner_lr_min",
+    "inner_lr_max",
+)
 
 
 def _config(**overrides: Any) -> dict[str, Any]:
@@ -42,11 +52,11 @@ def _config(**overrides: Any) -> dict[str, Any]:
     return config
 
 
-def _meta_batch(seed: int, *, nan_in_support: bool = False) -> dict:
+def _meta_batch(seed: int, *, nan_in_support: bool = False, tasks: int = 4) -> dict:
     g = torch.Generator().manual_seed(seed)
 
     def part(rows: int) -> dict:
-        obs = torch.rand(4, rows, 2, generator=g) * 4 - 2
+        obs = torch.rand(tasks, rows, 2, generator=g) * 4 - 2
         return {"m": {"obs": obs, "actions": torch.sin(obs.sum(-1, keepdim=True))}}
 
     batch = {"support": part(5), "query": part(6)}
@@ -135,9 +145,30 @@ def test_the_compiled_step_equals_the_eager_one(run: CompiledRun) -> None:
     for compiled, reference in run.metrics:
         assert compiled.keys() == reference.keys()
         assert compiled["num_tasks"] == reference["num_tasks"] == 4
-        for key in ("query_loss", "support_loss_before", "support_loss_after", "grad_norm"):
+        for key in _COMPARED:
             atol = rounding_tolerance(F32, magnitude=float(reference[key]) + 1, ops=_OPS)
             torch.testing.assert_close(compiled[key], reference[key], rtol=0, atol=atol)
+
+
+def test_learners_of_the_same_shapes_never_run_each_others_compiled_code_and_shapes_do(
+    run: CompiledRun,
+) -> None:
+    # The compiled step checks no guard on the learner it closes over (its config among
+    # them): a learner differing only there must compile its own code, not reuse the
+    # fixture's (same function, same shapes). Guards on the tensors stay: a meta-batch of
+    # another shape compiles once more.
+    config = _config(compile="default", inner={"lr": 0.3, "learned_lr": "tensor"})
+    compiled, eager = MetaLearner(config), MetaLearner({**config, "compile": "off"})
+    for steps, batch in enumerate((_meta_batch(0), _meta_batch(1, tasks=3)), start=1):
+        mine, reference = compiled.step(batch), eager.step(batch)
+        assert compiled.compiled_step.compilations == steps
+        for key in _COMPARED:
+            atol = rounding_tolerance(F32, magnitude=float(reference[key]) + 1, ops=_OPS)
+            torch.testing.assert_close(mine[key], reference[key], rtol=0, atol=atol)
+        atol = _atol(eager, steps)
+        for name, p in eager.meta_params["m"].items():
+            torch.testing.assert_close(compiled.meta_params["m"][name], p, rtol=0, atol=atol)
+    assert run.compiled.compiled_step.compilations == 1
 
 
 def test_one_compilation_serves_every_meta_batch_of_one_shape_and_its_time_is_logged(

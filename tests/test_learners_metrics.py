@@ -71,6 +71,41 @@ def test_bad_values_and_changed_reductions_are_refused():
         logger.peek("nope")
 
 
+def test_log_many_logs_each_value_with_its_reduction_and_leaves_out_none():
+    logger = MetricsLogger().scope("learner")
+    reductions = {"skipped": "sum", "ignored": None}
+    for step in range(3):
+        values = {"loss": torch.tensor(float(step)), "skipped": torch.tensor(1), "ignored": 7}
+        logger.log_many(values, reductions)
+    assert logger.reduce() == {"loss": 1.0, "skipped": 3.0}
+    with pytest.raises(ValueError) as error:
+        logger.log_many({"loss": 1.0}, {"loss": "sum"})
+    assert str(error.value) == "metric 'loss' is reduced with 'mean'; it cannot also use 'sum'"
+    with pytest.raises(TypeError, match="metric 'loss': expected a number, got str"):
+        logger.log_many({"loss": "1"}, {})
+
+
+def test_sums_of_tensors_equal_adding_each_value_as_it_comes():
+    # float32 values whose sum depends on the order of the additions: the logger adds them
+    # when read, in the order logged, across its holding limit and a state round trip.
+    g = torch.Generator().manual_seed(0)
+    values = torch.rand(700, generator=g) * 10 ** torch.randint(-3, 4, (700,), generator=g)
+    logger = MetricsLogger()
+    expected: float | torch.Tensor = 0.0
+    period: float | torch.Tensor = 0.0
+    for index, value in enumerate(values):
+        mixed = 1 if index % 2 else value  # Python numbers between tensors keep their turn
+        logger.log("total", value, reduce="lifetime_sum")
+        logger.log("period", mixed, reduce="sum")
+        expected, period = expected + value, period + mixed
+        if index == 400:
+            resumed = MetricsLogger()
+            resumed.set_state(logger.get_state())
+            logger = resumed
+    assert logger.peek("total") == float(expected)
+    assert logger.reduce() == {"total": float(expected), "period": float(period)}
+
+
 def test_scopes_never_collide():
     root = MetricsLogger()
     first, second = root.scope("learner_0"), root.scope("learner_1")

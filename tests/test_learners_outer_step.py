@@ -117,6 +117,24 @@ def test_a_state_written_by_torch_optim_continues_functionally():
     assert outer.weights_seq_no == _STEPS
 
 
+def test_updates_after_the_optimizer_loads_a_state_go_into_the_loaded_tensors():
+    outer, leaves = _functional(OuterConfig(lr=0.01), torch.float64)
+    outer.apply(_grads(torch.float64, 0), None)
+    saved = copy.deepcopy(outer._optimizer.state_dict())
+    values = [leaf.detach().clone() for leaf in leaves]
+    outer.apply(_grads(torch.float64, 1), None)
+    expected = copy.deepcopy(outer._optimizer.state_dict())
+    with torch.no_grad():
+        for leaf, value in zip(leaves, values, strict=True):
+            leaf.copy_(value)
+    outer._optimizer.load_state_dict(saved)  # the live state is read again, reset or not
+    outer.apply(_grads(torch.float64, 1), None)
+    mine = outer._optimizer.state_dict()["state"]
+    for index, theirs in expected["state"].items():
+        for name, value in theirs.items():
+            assert torch.equal(mine[index][name], value), (index, name)
+
+
 def _nan_grads(step: int) -> list[torch.Tensor]:
     grads = _grads(torch.float64, step)
     grads[2][1, 3] = float("nan")
