@@ -49,11 +49,15 @@ from learners import (
     MLP,
     DifferentiableLearner,
     InnerConfig,
+    MetaConfig,
     MetaLearner,
+    build_models,
     mse_loss,
     params_from_modules,
 )
 from learners.graph_memory import saved_tensor_bytes
+from learners.inner_rule import InnerRule, build_inner_rule
+from learners.params import buffers_from_modules, map_params
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "sinusoid"
 
@@ -178,13 +182,16 @@ def bench_saved_memory() -> None:
     steps_range = [1, 2, 4, 8, 16]
     slopes, saved = {}, {}
     for algorithm in ("maml", "fomaml"):
-        learner = MetaLearner({"algorithm": algorithm})
+        # The learner's own inner rule, over parameters that require grad (meta-parameters).
+        config = MetaConfig.model_validate({"algorithm": algorithm})
+        models = build_models(config.modules, config.seed)
+        rule = build_inner_rule(config, models, buffers_from_modules(models))
+        params = map_params(lambda p: p.detach().requires_grad_(), params_from_modules(models))
 
-        def meta_loss(steps: int, learner: MetaLearner = learner) -> torch.Tensor:
+        def meta_loss(steps: int, rule: InnerRule = rule, params: dict = params) -> torch.Tensor:
             def task(task_support: dict, task_query: dict) -> torch.Tensor:
-                inner = learner.inner
-                adapted = inner.update(learner.meta_params, task_support, steps=steps).params
-                return inner.compute_losses(adapted, task_query)["default_policy"]
+                adapted, _ = rule.adapt(params, task_support, lrs=None, steps=steps)
+                return rule.outer_losses(adapted, task_query)["default_policy"]
 
             return torch.func.vmap(task)(support, query).mean()
 
