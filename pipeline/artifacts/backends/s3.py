@@ -11,7 +11,8 @@
   slow holder and the one that took over never both publish.
 - Nothing excludes ``gc`` from a publisher on another machine, so ``gc`` only removes
   leftovers older than ``default_gc_age``, and a publisher that reuses an existing blob
-  refreshes its age (an in-place copy) before any manifest refers to it.
+  refreshes its age (puts it again if small, else an in-place copy) before any manifest
+  refers to it.
 
 The store relies on the server applying a conditional write atomically (Amazon S3 does;
 moto's threaded server does not, see tests/test_artifacts_s3_server.py). Credentials and
@@ -22,6 +23,7 @@ the endpoint come from the standard AWS variables (``AWS_ENDPOINT_URL``,
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import socket
@@ -46,7 +48,6 @@ _MULTIPART_BYTES = 512 << 20
 _PART_BYTES = 64 << 20
 _READ_BYTES = 8 << 20  # per read of a GET stream: the tensors complete are hashed meanwhile
 _REPUT_BYTES = 1 << 20  # blobs given as bytes up to this size are put again when they exist
-_MAX_COPY_BYTES = 5 << 30  # CopyObject's limit; larger blobs are copied in parts
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
 # HTTP dates (Date, Last-Modified) have whole seconds: an age read from them may be up to
 # this much more than the true age, so a claim is taken over only this much after its lease.
@@ -122,35 +123,21 @@ class S3Backend:
 
     def store_blob(self, key: str, source: bytes | Path) -> None:
         # A small blob is put again rather than checked: one request instead of two or three
-        # (HEAD, then the in-place copy that renews its age). Same key, same bytes, so a
-        # reader sees the same contents either way, and the PUT renews the age too.
-        small = isinstance(source, bytes) and len(source) <= _REPUT_BYTES
-        if not small and self._refresh(key):
-            return
-        with self._errors("write", key):
+        # (HEAD, then the in-place copy that renews its age); same key, same bytes, and the
+        # PUT renews the age too.
+        if isinstance(source, bytes) and len(source) <= _REPUT_BYTES:
+            self.put(key, source)
+        elif not self._refresh(key):
             if isinstance(source, bytes):
-                self._client.put_object(
-                    Bucket=self._root.bucket, Key=self._root.key(key), Body=source
-                )
+                self._upload(key, ChunkReader([memoryview(source)]))
             else:
-                self._client.upload_file(
-                    str(source), self._root.bucket, self._root.key(key), Config=self._transfer
-                )
+                with open(source, "rb") as body:
+                    self._upload(key, body)
 
     def store_stream(self, buffers: Sequence[memoryview], key: Callable[[], str]) -> None:
         blob = key()
-        if self._refresh(blob):
-            return
-        body = ChunkReader(buffers)
-        with self._errors("write", blob):
-            if body.size > self._transfer.multipart_threshold:
-                self._client.upload_fileobj(
-                    body, self._root.bucket, self._root.key(blob), Config=self._transfer
-                )
-            else:
-                self._client.put_object(
-                    Bucket=self._root.bucket, Key=self._root.key(blob), Body=body
-                )
+        if not self._refresh(blob):
+            self._upload(blob, ChunkReader(buffers))
 
     def staging_file(self, suffix: str = "") -> Path:
         handle, name = tempfile.mkstemp(prefix=f"offmeta-{os.getpid()}-", suffix=f"{suffix}.part")
@@ -265,6 +252,19 @@ class S3Backend:
                 Bucket=self._root.bucket, Key=self._root.key(key), IfMatch=etag
             )
 
+    def _upload(self, key: str, body: io.IOBase) -> None:
+        size = body.seek(0, io.SEEK_END)
+        body.seek(0)
+        with self._errors("write", key):
+            if size > self._transfer.multipart_threshold:
+                self._client.upload_fileobj(
+                    body, self._root.bucket, self._root.key(key), Config=self._transfer
+                )
+            else:
+                self._client.put_object(
+                    Bucket=self._root.bucket, Key=self._root.key(key), Body=body
+                )
+
     def _fill(self, key: str, body: Any, buffer: memoryview) -> Iterator[int]:
         position = 0
         try:
@@ -280,16 +280,13 @@ class S3Backend:
         if position != len(buffer):
             raise StorageError(f"read {self.uri(key)}: got {position} of {len(buffer)} bytes")
 
-    def _size(self, key: str) -> int | None:
-        """The object's size in bytes, or None if it does not exist."""
+    def _exists(self, key: str) -> bool:
         try:
             with self._errors("read", key):
-                response = self._client.head_object(
-                    Bucket=self._root.bucket, Key=self._root.key(key)
-                )
+                self._client.head_object(Bucket=self._root.bucket, Key=self._root.key(key))
         except FileNotFoundError:
-            return None
-        return response["ContentLength"]
+            return False
+        return True
 
     def _held_claim(self, key: str) -> tuple[str, float, float] | None:
         """ETag, age and lease (the holder's) of a claim, or None if it was released."""
@@ -310,28 +307,19 @@ class S3Backend:
 
     def _refresh(self, key: str) -> bool:
         """True if the blob exists, after renewing its age so gc keeps it for this publish."""
-        size = self._size(key)
-        if size is None:
+        if not self._exists(key):
             return False
-        target = {"Bucket": self._root.bucket, "Key": self._root.key(key)}
-        source = dict(target)
+        source = {"Bucket": self._root.bucket, "Key": self._root.key(key)}
         touched = {"offmeta-reused": datetime.now().astimezone().isoformat()}
         try:
             with self._errors("refresh", key):
-                if size <= _MAX_COPY_BYTES:  # one request; the managed copy adds a HEAD
-                    self._client.copy_object(
-                        **target,
-                        CopySource=source,
-                        MetadataDirective="REPLACE",
-                        Metadata=touched,
-                    )
-                else:
-                    self._client.copy(
-                        source,
-                        **target,
-                        ExtraArgs={"MetadataDirective": "REPLACE", "Metadata": touched},
-                        Config=self._transfer,
-                    )
+                self._client.copy(
+                    source,
+                    self._root.bucket,
+                    self._root.key(key),
+                    ExtraArgs={"MetadataDirective": "REPLACE", "Metadata": touched},
+                    Config=self._transfer,
+                )
         except FileNotFoundError:
             return False  # gc removed it meanwhile: upload it again
         return True
