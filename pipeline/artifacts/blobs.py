@@ -1,4 +1,4 @@
-"""Writing content-addressed blobs: stage locally, hash, store under the digest.
+"""Writing content-addressed blobs: hash, store under the digest.
 
 Blobs are written before any version number is claimed and before any claim is taken,
 so concurrent publishers only contend on the small manifest write. A blob that is
@@ -9,6 +9,7 @@ unreferenced and removed by ``ArtifactStore.gc``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import mimetypes
 from pathlib import Path
@@ -16,8 +17,9 @@ from typing import TYPE_CHECKING
 
 from pipeline.artifacts import fsio, layout
 from pipeline.artifacts.backends import Backend
-from pipeline.artifacts.digest import EncodedParams, write_params
+from pipeline.artifacts.digest import EncodedParams
 from pipeline.artifacts.manifest import FileEntry
+from pipeline.artifacts.streams import TensorHashes, encode_params
 
 if TYPE_CHECKING:
     import torch
@@ -39,19 +41,23 @@ class BlobWriter:
     def put_params(
         self, modules: tuple[str, ...], flat: dict[str, torch.Tensor]
     ) -> tuple[FileEntry, EncodedParams]:
-        # Written to a local file first (the store's tmp/, or the temp folder for S3):
-        # safetensors streams tensors to disk, so memory stays bounded by the model.
-        staged = self._backend.staging_file(".safetensors")
-        try:
-            encoded = write_params(modules, flat, staged)
-            size = staged.stat().st_size
-            self._backend.store_blob(layout.blob(encoded.digest), staged)
-        finally:
-            fsio.remove_quietly(staged)
+        """Store the params blob straight from the tensors' memory, hashing them meanwhile.
+
+        The blob's key is its digest: a local backend writes and fsyncs the file while the
+        tensors are hashed and asks for the key only then; S3 needs it before uploading.
+        """
+        stream = encode_params(modules, flat)
+        beside_writer = self._backend.writes_before_key
+        with TensorHashes(stream.size, beside_writer=beside_writer) as hashes:
+            for key, view in zip(stream.keys, stream.chunks[1:], strict=True):
+                hashes.add(key, view)
+            encoded = functools.cache(lambda: stream.encoded(hashes.digests()))
+            self._backend.store_stream(stream.chunks, lambda: layout.blob(encoded().digest))
+            result = encoded()
         entry = FileEntry(
-            digest=encoded.digest, size=size, media_type=SAFETENSORS_TYPE, digest_of="tensors"
+            digest=result.digest, size=stream.size, media_type=SAFETENSORS_TYPE, digest_of="tensors"
         )
-        return entry, encoded
+        return entry, result
 
     def put_bytes(self, data: bytes, media: str) -> FileEntry:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()

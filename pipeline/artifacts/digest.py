@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 
 PARAMS_FILE = "params.safetensors"
 TENSORS_FORMAT = "offmeta.tensors/1"
-_MODULES_KEY = "offmeta.modules"
+MODULES_KEY = "offmeta.modules"
 
 # safetensors dtype code -> (torch dtype attribute, bytes per element).
 _DTYPES: dict[str, tuple[str, int]] = {
@@ -76,7 +75,7 @@ class TensorRecord:
 
 @dataclass(frozen=True)
 class EncodedParams:
-    """What ``write_params`` wrote: the params digest and the per-tensor records."""
+    """A params blob's digest and per-tensor records (``streams.EncodedStream.encoded``)."""
 
     digest: str
     modules: tuple[str, ...]
@@ -160,6 +159,11 @@ def flatten_params(params: object) -> tuple[tuple[str, ...], dict[str, torch.Ten
     return tuple(sorted(params)), flat
 
 
+def itemsize(code: str) -> int:
+    """Bytes per element of a safetensors dtype code (``"F32"`` -> 4)."""
+    return _DTYPES[code][1]
+
+
 def dtype_code(dtype: torch.dtype) -> str | None:
     """The safetensors code of a torch dtype (``torch.float32`` -> ``"F32"``), or None."""
     import torch
@@ -168,53 +172,6 @@ def dtype_code(dtype: torch.dtype) -> str | None:
         if getattr(torch, attribute, None) == dtype:
             return code
     return None
-
-
-def write_params(
-    modules: tuple[str, ...], flat: dict[str, torch.Tensor], path: Path
-) -> EncodedParams:
-    """Write flattened params (``flatten_params``) as safetensors at ``path``; return the digest.
-
-    The tensors are hashed from memory on a second thread while safetensors writes the
-    file (its writer releases the GIL), so the bytes are never read back to be hashed.
-    """
-    from safetensors.torch import save_file
-
-    if sys.byteorder != "little":
-        raise ArtifactError("safetensors files are little-endian; this machine is big-endian")
-    metadata = {"format": "pt", _MODULES_KEY: json.dumps(list(modules))}
-    keys = sorted(flat)
-    views = [_raw_bytes(flat[key]) for key in keys]
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(_hash_all, views, False)
-        save_file(flat, str(path), metadata=metadata)
-        digests = hashing.result()
-    tensors = {
-        key: TensorRecord(dtype_code(flat[key].dtype) or "", tuple(flat[key].shape), digest)
-        for key, digest in zip(keys, digests, strict=True)
-    }
-    _check_written_header(path, metadata, tensors)
-    return EncodedParams(combine(metadata, tensors), modules, tensors)
-
-
-def _raw_bytes(tensor: torch.Tensor) -> memoryview:
-    import torch
-
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
-
-
-def _check_written_header(
-    path: Path, metadata: Mapping[str, str], tensors: Mapping[str, TensorRecord]
-) -> None:
-    # The digest was computed from memory; make sure the file describes the same tensors.
-    with open(path, "rb") as handle:
-        prefix = handle.read(8)
-        header = handle.read(int.from_bytes(prefix, "little")) if len(prefix) == 8 else b""
-    parsed = _parse_header(prefix + header, str(path), data_length=None)
-    written = {key: (entry.dtype, entry.shape) for key, entry in parsed.entries.items()}
-    expected = {key: (record.dtype, record.shape) for key, record in tensors.items()}
-    if written != expected or parsed.metadata != dict(metadata):
-        raise ArtifactError(f"safetensors wrote {path} with a header that differs from the tensors")
 
 
 # ---------------------------------------------------------------------------- reading
@@ -239,7 +196,7 @@ class ParsedParams:
 
     @property
     def modules(self) -> tuple[str, ...]:
-        listed = self.metadata.get(_MODULES_KEY)
+        listed = self.metadata.get(MODULES_KEY)
         if listed is not None:
             return tuple(json.loads(listed))
         return tuple(sorted({key.split("/", 1)[0] for key in self.entries}))
@@ -286,15 +243,15 @@ def decode_params(
     result: dict[str, dict[str, torch.Tensor]] = {module: {} for module in parsed.modules}
     for key in sorted(parsed.entries):
         entry = parsed.entries[key]
-        attribute, itemsize = _DTYPES[entry.dtype]
+        attribute, element_size = _DTYPES[entry.dtype]
         dtype = getattr(torch, attribute)
-        count = (entry.end - entry.begin) // itemsize
+        count = (entry.end - entry.begin) // element_size
         if count == 0:
             tensor = torch.empty(entry.shape, dtype=dtype)
         else:
             tensor = torch.frombuffer(parsed.buffer, dtype=dtype, count=count, offset=entry.begin)
             tensor = tensor.reshape(entry.shape)
-            if tensor.data_ptr() % itemsize:
+            if tensor.data_ptr() % element_size:
                 tensor = tensor.clone()
         module_id, param_name = key.split("/", 1)
         result.setdefault(module_id, {})[param_name] = tensor.to(device)

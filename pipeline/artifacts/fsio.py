@@ -18,7 +18,7 @@ import fcntl
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pipeline.artifacts.errors import LockTimeoutError
@@ -42,8 +42,18 @@ def write_temp(tmp_dir: Path, data: bytes, *, durable: bool) -> Path:
 def write_file(path: Path, data: bytes, *, durable: bool) -> None:
     """Write ``data`` to ``path``; with ``durable`` its contents reach the disk before this
     returns."""
+    write_buffers(path, [data], durable=durable)
+
+
+def write_buffers(path: Path, buffers: Iterable[bytes | memoryview], *, durable: bool) -> None:
+    """Write the buffers one after another to ``path`` (fsynced when durable).
+
+    Each buffer goes to the kernel as it is (no joining copy); the fsync is on the same
+    descriptor, so the file is not opened a second time to persist it.
+    """
     with open(path, "wb") as handle:
-        handle.write(data)
+        for buffer in buffers:
+            handle.write(buffer)
         handle.flush()
         if durable:
             os.fsync(handle.fileno())

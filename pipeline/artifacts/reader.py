@@ -21,13 +21,12 @@ from pipeline.artifacts.digest import (
     ParsedParams,
     decode_params,
     describe,
-    params_digest,
-    parse_params,
     sha256_hex,
 )
 from pipeline.artifacts.errors import ArtifactNotFoundError, IntegrityError
 from pipeline.artifacts.manifest import AliasRecord, ArtifactRef, FileEntry, Manifest
 from pipeline.artifacts.names import parse_spec, parse_version, validate_name
+from pipeline.artifacts.streams import receive_params
 
 if TYPE_CHECKING:
     import torch
@@ -232,14 +231,15 @@ class Reader:
         blob = layout.blob(entry.digest)
         where = f"{manifest.spec} file {file_name!r} (blob {self._backend.where(blob)})"
         try:
-            parsed = parse_params(self._backend.read(blob), self._backend.where(blob))
+            # Each tensor is hashed as soon as its bytes are in, while the rest arrives.
+            download = self._backend.read_stream(blob)
+            parsed, found, tensors = receive_params(download, self._backend.where(blob))
         except FileNotFoundError:
             raise IntegrityError([f"{where} is missing; expected digest {entry.digest}"]) from None
         except IntegrityError as exc:
             raise IntegrityError(
                 [f"{where}: expected digest {entry.digest}, but {p}" for p in exc.problems]
             ) from None
-        found, tensors = params_digest(parsed)
         if found != entry.digest:
             changed = {
                 key

@@ -7,9 +7,13 @@
 - ``swap``: replace an object only if it is still the one read (compare-and-swap on its
   ETag; aliases); ``None`` as the expected ETag means "must not exist yet";
 - ``store_blob``: content-addressed write, a no-op (that refreshes the blob's age) when the
-  key exists;
+  key exists; ``store_stream`` the same for a blob given as buffers whose key (its digest)
+  is still being computed: a local backend writes and fsyncs while the caller hashes, S3
+  needs the key before it uploads;
 - ``claim``: mutual exclusion between publishers of one idempotency key;
-- ``read``, ``read_tagged``, ``put``, ``list``, ``children``, ``delete``.
+- ``read``, ``read_stream`` (fill a buffer and report progress, so the caller hashes what
+  has arrived while the rest comes), ``read_tagged``, ``put``, ``list``, ``children``,
+  ``delete``.
 
 Keys are relative, ``/``-separated and built by ``pipeline.artifacts.layout`` from
 validated names only. Ages are measured by the storage's own clock (file mtimes, the S3
@@ -20,11 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pipeline.artifacts.errors import ArtifactError
 from pipeline.artifacts.roots import S3Root, parse_root
+
+if TYPE_CHECKING:
+    from pipeline.artifacts.streams import Download
 
 
 class ObjectInfo(NamedTuple):
@@ -47,6 +55,10 @@ class Backend(Protocol):
     """The store's location: the directory, or the ``s3://bucket/prefix`` string."""
     default_gc_age: float
     """Seconds a leftover must have aged before ``gc`` removes it by default."""
+    writes_before_key: bool
+    """Whether ``store_stream`` writes the buffers before it asks for their key (a local
+    file) rather than after (an upload to the key): hashing then shares the cores with
+    that write."""
 
     def where(self, key: str) -> str:
         """The object's location for messages (a path or an ``s3://`` URI)."""
@@ -58,6 +70,11 @@ class Backend(Protocol):
         """The whole object in a writable buffer; FileNotFoundError naming it when absent."""
         ...
 
+    def read_stream(self, key: str) -> Download:
+        """The object in a writable buffer filled as ``Download.filled`` is iterated;
+        FileNotFoundError naming it when absent."""
+        ...
+
     def read_tagged(self, key: str) -> Tagged | None: ...
 
     def put_if_absent(self, key: str, data: bytes) -> bool: ...
@@ -67,6 +84,11 @@ class Backend(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
 
     def store_blob(self, key: str, source: bytes | Path) -> None: ...
+
+    def store_stream(self, buffers: Sequence[memoryview], key: Callable[[], str]) -> None:
+        """``store_blob`` of the buffers' concatenation under ``key()``, called once, as late
+        as the backend can."""
+        ...
 
     def staging_file(self, suffix: str = "") -> Path:
         """A fresh local path to write a large file to before ``store_blob``."""

@@ -21,11 +21,12 @@ import hashlib
 import mmap
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from pipeline.artifacts import fsio
 from pipeline.artifacts.backends import ObjectInfo, Tagged, new_buffer
+from pipeline.artifacts.streams import Download
 
 _MAP_BYTES = 1 << 20
 """Files at least this large are mapped rather than read (the params blobs)."""
@@ -38,6 +39,7 @@ class _NoLease:
 
 class LocalBackend:
     default_gc_age = 0.0
+    writes_before_key = True
 
     def __init__(self, root: Path, *, durable: bool, lock_timeout: float) -> None:
         self.root = root
@@ -64,6 +66,10 @@ class LocalBackend:
             while filled < size and (count := handle.readinto(buffer[filled:])):
                 filled += count
         return buffer[:filled]
+
+    def read_stream(self, key: str) -> Download:
+        data = self.read(key)
+        return Download(data, iter((len(data),)))
 
     def read_tagged(self, key: str) -> Tagged | None:
         try:
@@ -93,10 +99,7 @@ class LocalBackend:
 
     def store_blob(self, key: str, source: bytes | Path) -> None:
         final = self._path(key)
-        if final.exists():
-            # Same digest, same contents. The fresh mtime tells gc it is in use again.
-            with contextlib.suppress(OSError):
-                os.utime(final)
+        if self._reuse(final):
             return
         if isinstance(source, bytes):
             staged = fsio.write_temp(self._tmp, source, durable=self._durable)
@@ -109,6 +112,17 @@ class LocalBackend:
         finally:
             if staged is not source:
                 fsio.remove_quietly(staged)
+
+    def store_stream(self, buffers: Sequence[memoryview], key: Callable[[], str]) -> None:
+        # Written and fsynced before the key is asked for: the caller hashes meanwhile.
+        staged = fsio.temp_path(self._tmp)
+        try:
+            fsio.write_buffers(staged, buffers, durable=self._durable)
+            final = self._path(key())
+            if not self._reuse(final):
+                self._link(staged, final)
+        finally:
+            fsio.remove_quietly(staged)
 
     def staging_file(self, suffix: str = "") -> Path:
         return fsio.temp_path(self._tmp, suffix)
@@ -162,6 +176,15 @@ class LocalBackend:
 
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*key.split("/")) if key else self.root
+
+    def _reuse(self, final: Path) -> bool:
+        """True if the blob exists (same digest, same contents), after renewing its mtime,
+        which tells gc it is in use again."""
+        if not final.exists():
+            return False
+        with contextlib.suppress(OSError):
+            os.utime(final)
+        return True
 
     def _link(self, staged: Path, final: Path) -> bool:
         created = [folder for folder in (final.parent.parent, final.parent) if not folder.exists()]
