@@ -27,5 +27,7 @@ python3 -m pytest -p no:cacheprovider -q -o addopts="" tests/test_cuda.py \
     tests/test_batching.py 2>&1 | tee "$out/tests.log" || status=1
 python3 bench/learners.py --device cuda --shapes "${SHAPES:-sinusoid,large,one-task}" 2>&1 \
     | tee "$out/bench.log" || status=1
+python3 bench/learners.py --device cuda --float32-matmul tf32 --shapes "${TF32_SHAPES:-large}" \
+    2>&1 | tee -a "$out/bench.log" || status=1
 tar -czf "$out/records.tgz" bench/results
 exit $status

@@ -11,10 +11,13 @@
    `torch.func` step eager and compiled (`bench/baselines/meta_step.py`), for three shapes: 25 tasks
    x K=10 on 1-40-40-1 (the sinusoid; targets <= 1.10x both), 1 task x K=5, and 64 tasks x
    K=256 on 20-256-256-6. Compiling takes 15-70 s per function on the 2-core machine:
-   `--quick` measures the sinusoid shape only. `--device cuda` runs 5 on a GPU (compile mode
-   reduce-overhead; target: compiled step <= 1.5 ms for the sinusoid and the large shape).
+   `--quick` measures the sinusoid shape only, `--shapes` the ones named. `--device cuda` runs
+   5 on a GPU (compile mode reduce-overhead; target: compiled step <= 1.5 ms for the sinusoid
+   and the large shape); `--float32-matmul tf32` runs learners and baselines on TF32.
+   `bench/gpu_checks.sh` runs it there with the CUDA tests.
 
-Run: `.venv/bin/python bench/learners.py [--quick] [--full] [--device cuda]`. Timings are the
+Run: `.venv/bin/python bench/learners.py [--quick] [--shapes S,..] [--full] [--device cuda]
+[--float32-matmul tf32]`. Timings are the
 best of many calls, interleaved with the baseline's, after warm-up (on a GPU each call waits
 for the device). Each figure is written as a record (`bench/records.py`).
 """
@@ -58,6 +61,7 @@ from learners import (
 from learners.graph_memory import saved_tensor_bytes
 from learners.inner_rule import InnerRule, build_inner_rule
 from learners.params import buffers_from_modules, map_params
+from learners.precision import float32_matmul
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "sinusoid"
 
@@ -300,12 +304,13 @@ def _cloned(part: dict | torch.Tensor) -> dict | torch.Tensor:
     return part.clone()
 
 
-def _meta_step_case(shape: Shape, device: torch.device, mode: str) -> None:
+def _meta_step_case(shape: Shape, device: torch.device, mode: str, matmul: str) -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     wait = sync or (lambda: None)
     batch = meta_batch(shape, device)
-    eager = MetaLearner(shape.config(), device=device)
-    compiled = MetaLearner({**shape.config(), "compile": mode}, device=device)
+    config = {**shape.config(), "float32_matmul": matmul}
+    eager = MetaLearner(config, device=device)
+    compiled = MetaLearner({**config, "compile": mode}, device=device)
     model = model_of(shape, device)
     hand = torch_func_step(model)
     hand_compiled = torch.compile(hand, mode=mode, fullgraph=True, dynamic=False)
@@ -353,7 +358,10 @@ def _meta_step_case(shape: Shape, device: torch.device, mode: str) -> None:
         f"vs hand {hand_compile:.0f} s; recompilations {recompiled}"
     )
     target = "<= 1.10" if shape.name == "sinusoid" and device.type == "cpu" else None
-    record = {"shape": {**shape.record(), "calls": calls, "mode": mode}, "device": str(device)}
+    measured = {**shape.record(), "calls": calls, "mode": mode}
+    if matmul != "ieee":
+        measured["float32_matmul"] = matmul
+    record = {"shape": measured, "device": str(device)}
     write_record(
         "learners",
         f"5-step-eager-{shape.name}",
@@ -399,13 +407,16 @@ def _meta_step_case(shape: Shape, device: torch.device, mode: str) -> None:
         )
 
 
-def bench_meta_step(device: torch.device, mode: str, shapes: list[str]) -> None:
+def bench_meta_step(device: torch.device, mode: str, shapes: list[str], matmul: str) -> None:
     print(
-        f"5. MetaLearner.step eager and compiled (mode {mode!r}) against hand-written "
-        f"torch.func steps, on {device}"
+        f"5. MetaLearner.step eager and compiled (mode {mode!r}, float32 matmul {matmul}) "
+        f"against hand-written torch.func steps, on {device}"
     )
-    for name in shapes:
-        _meta_step_case(next(shape for shape in SHAPES if shape.name == name), device, mode)
+    # The hand-written steps run under the same float32 matmul setting as the learners.
+    with float32_matmul(matmul, device):
+        for name in shapes:
+            shape = next(shape for shape in SHAPES if shape.name == name)
+            _meta_step_case(shape, device, mode, matmul)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
         help="5: the shapes to measure, comma-separated (default: all)",
     )
     parser.add_argument("--device", default="cpu", help="device of 5 (cpu, cuda, cuda:N)")
+    parser.add_argument(
+        "--float32-matmul",
+        choices=("ieee", "tf32"),
+        default="ieee",
+        help="5: MetaConfig.float32_matmul of the learners, and the hand-written steps' setting",
+    )
     parser.add_argument(
         "--mode", default=None, help="torch.compile mode of 5 (default: reduce-overhead on cuda)"
     )
@@ -437,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_update_overhead()
         bench_vmap_vs_loop()
         bench_saved_memory()
-    bench_meta_step(device, mode, shapes)
+    bench_meta_step(device, mode, shapes, args.float32_matmul)
     if args.full:
         bench_sinusoid_full()
     return 0

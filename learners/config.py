@@ -156,6 +156,15 @@ class MetaConfig(BaseModel):
         "vmap", description="vmap over the task dimension (fast) or a per-task loop (fallback)."
     )
     dtype: Literal["float32", "float64"] = Field("float32", description="Parameter dtype.")
+    float32_matmul: Literal["ieee", "tf32"] = Field(
+        "ieee",
+        description=(
+            "float32 matrix products on a CUDA device: 'ieee' (full float32) or 'tf32' "
+            "(tensor cores: inputs rounded to a 10-bit mantissa, about 1e-3 relative error, "
+            "several times the throughput). Applies during the learner's own calls only; no "
+            "effect on the CPU or in float64. Not part of what a saved state must match."
+        ),
+    )
     seed: int = Field(0, ge=0, description="Seed of the model initialisation.")
     compile: Literal["off", "default", "reduce-overhead"] = Field(
         "off",

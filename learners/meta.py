@@ -39,6 +39,7 @@ from learners.params import (
     params_from_modules,
     to_device,
 )
+from learners.precision import with_float32_matmul
 
 STATE_FORMAT = 1
 # How each step metric is logged (the mean over a window unless named here): sums of events
@@ -53,6 +54,8 @@ _REDUCE = {
     "num_tasks_trained_lifetime": "lifetime_sum",
 }
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_RUN_SETTINGS = ("compile", "float32_matmul")
+"""Config fields a saved state may differ in: how the step runs, not what it optimises."""
 # What each task reports per module, by name (`_task_objective`): its losses, then the count
 # of its non-finite inner steps.
 _LOSSES = ("query_loss", "support_loss_before", "support_loss_after")
@@ -151,6 +154,7 @@ class MetaLearner:
         None when `config.compile` is 'off'."""
         return self._compiled
 
+    @with_float32_matmul
     def step(self, meta_batch: MetaBatch) -> dict[str, Tensor | int]:
         """One meta-step: `compute_meta_gradients` then `apply_meta_gradients` (or both as
         one compiled function), logged.
@@ -169,6 +173,7 @@ class MetaLearner:
         self.metrics.log_many(tasks, _REDUCE)
         return metrics
 
+    @with_float32_matmul
     def compute_meta_gradients(self, meta_batch: MetaBatch) -> tuple[MetaGradients, dict]:
         """Meta-gradients of the mean query loss over the meta-batch's tasks, without stepping.
 
@@ -232,6 +237,7 @@ class MetaLearner:
         """
         self._outer.check_finite()
 
+    @with_float32_matmul
     def adapt(self, params: Params | None, support: Batch, steps: int | None = None) -> Params:
         """Parameters adapted to one task's `support` batch (no task dimension) with exactly
         the training inner rule and the current learned learning rates; `params=None` means
@@ -259,6 +265,7 @@ class MetaLearner:
         curves = torch.stack(list(per_task.values()), dim=1)
         return dict(zip(per_task, curves.mean(0).tolist(), strict=True))
 
+    @with_float32_matmul
     def evaluate_tasks(
         self, meta_batch: MetaBatch, steps: Iterable[int] = (0, 1, 5, 10)
     ) -> dict[int, Tensor]:
@@ -318,9 +325,9 @@ class MetaLearner:
             raise ValueError(
                 f"learner state format {state.get('format')!r}, expected {STATE_FORMAT}"
             )
-        # How the step runs (compiled or eager) does not change what it computes.
-        mine = self.config.model_dump(mode="json", exclude={"compile"})
-        theirs = {k: v for k, v in state["config"].items() if k != "compile"}
+        # How the step runs (compiled or eager, TF32 or not) does not change what it optimises.
+        mine = self.config.model_dump(mode="json", exclude=set(_RUN_SETTINGS))
+        theirs = {k: v for k, v in state["config"].items() if k not in _RUN_SETTINGS}
         if theirs != mine:
             differing = sorted(k for k in mine if mine.get(k) != theirs.get(k))
             raise ValueError(

@@ -162,3 +162,36 @@ def test_finalize_moves_a_meta_batch_to_the_gpu_unchanged() -> None:
         for key, tensor in batch[part]["m"].items():
             assert moved[part]["m"][key].device.type == "cuda"
             assert torch.equal(moved[part]["m"][key].cpu(), tensor)
+
+
+class _Recording(torch.nn.Module):
+    """A 2-8-1 tanh net that records the float32 matmul precision of every forward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+        )
+        self.seen: list[str] = []
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        self.seen.append(torch.get_float32_matmul_precision())
+        return self.net(obs)
+
+
+def test_tf32_applies_inside_the_learners_calls_only() -> None:
+    tf32_model, ieee_model = _Recording(), _Recording()
+    tf32 = MetaLearner(
+        _config("float32", float32_matmul="tf32"), models={"m": tf32_model}, device=CUDA
+    )
+    ieee = MetaLearner(_config("float32"), models={"m": ieee_model}, device=CUDA)
+    before = torch.get_float32_matmul_precision()
+    tf32_grads, _ = tf32.compute_meta_gradients(_meta_batch(0, CUDA, torch.float32))
+    ieee_grads, _ = ieee.compute_meta_gradients(_meta_batch(0, CUDA, torch.float32))
+    assert set(tf32_model.seen) == {"high"} and set(ieee_model.seen) == {before}
+    assert torch.get_float32_matmul_precision() == before
+    # TF32 keeps 10 mantissa bits (eps 2**-10) in each product's inputs.
+    for name, grad in ieee_grads.params["m"].items():
+        atol = _OPS * 2**-10 * (largest([grad]) + 1)
+        torch.testing.assert_close(tf32_grads.params["m"][name], grad, rtol=0, atol=atol)
