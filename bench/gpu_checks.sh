@@ -4,7 +4,7 @@
 # store), then `bench/learners.py --device cuda`. Records and the logs go to $OUT (or
 # ./gpu-out) as one archive.
 #
-#   OFFMETA_GIT_REVISION=<rev> bash bench/gpu_checks.sh [WHEELS_DIR]
+#   OFFMETA_GIT_REVISION=$(git rev-parse HEAD) bash bench/gpu_checks.sh [WHEELS_DIR]
 #
 # WHEELS_DIR (default .whl) holds wheels of what the machine lacks (pydantic and its
 # dependencies, boto3 and its dependencies), installed into /tmp/site without an index.

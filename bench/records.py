@@ -198,13 +198,17 @@ def software_versions() -> dict[str, str | None]:
 
 def git_revision(directory: Path = ROOT) -> dict[str, Any]:
     """``{"revision", "dirty"}`` of the checkout; dirty means changes other than new records
-    (tracked or not). Outside a git checkout (a copy sent to a GPU machine, say) the revision
-    is ``OFFMETA_GIT_REVISION`` when the sender set it, and dirty is null."""
+    (tracked or not). Both null outside a git checkout. ``OFFMETA_GIT_REVISION``, when set,
+    names the revision instead: a copy of a working tree sent to a GPU machine may carry no
+    repository, or a stale one, and its sender knows which commit it is."""
+    sent = os.environ.get("OFFMETA_GIT_REVISION")
+    if sent:
+        return {"revision": sent, "dirty": None}
     try:
         head = _git(directory, "rev-parse", "HEAD")
         status = _git(directory, "status", "--porcelain", "--", ".", ":(exclude)bench/results")
     except (OSError, subprocess.SubprocessError):
-        return {"revision": os.environ.get("OFFMETA_GIT_REVISION"), "dirty": None}
+        return {"revision": None, "dirty": None}
     return {"revision": head.strip(), "dirty": bool(status.strip())}
 
 
