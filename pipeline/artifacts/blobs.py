@@ -19,7 +19,7 @@ from pipeline.artifacts import fsio, layout
 from pipeline.artifacts.backends import Backend
 from pipeline.artifacts.digest import EncodedParams
 from pipeline.artifacts.manifest import FileEntry
-from pipeline.artifacts.streams import TensorHashes, encode_params
+from pipeline.artifacts.params_blob import TensorHashes, encode_params
 
 if TYPE_CHECKING:
     import torch

@@ -26,7 +26,7 @@ from pipeline.artifacts.digest import (
 from pipeline.artifacts.errors import ArtifactNotFoundError, IntegrityError
 from pipeline.artifacts.manifest import AliasRecord, ArtifactRef, FileEntry, Manifest
 from pipeline.artifacts.names import parse_spec, parse_version, validate_name
-from pipeline.artifacts.streams import receive_params
+from pipeline.artifacts.params_blob import receive_params
 
 if TYPE_CHECKING:
     import torch

@@ -32,7 +32,7 @@ from pipeline.artifacts.errors import ArtifactError
 from pipeline.artifacts.roots import S3Root, parse_root
 
 if TYPE_CHECKING:
-    from pipeline.artifacts.streams import Download
+    from pipeline.artifacts.params_blob import Download
 
 
 class ObjectInfo(NamedTuple):

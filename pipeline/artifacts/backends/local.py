@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pipeline.artifacts import fsio
 from pipeline.artifacts.backends import ObjectInfo, Tagged, new_buffer
-from pipeline.artifacts.streams import Download
+from pipeline.artifacts.params_blob import Download
 
 _MAP_BYTES = 1 << 20
 """Files at least this large are mapped rather than read (the params blobs)."""

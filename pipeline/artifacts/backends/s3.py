@@ -38,8 +38,8 @@ from typing import Any
 
 from pipeline.artifacts.backends import ObjectInfo, Tagged, new_buffer
 from pipeline.artifacts.errors import ArtifactError, LockTimeoutError, StorageError
+from pipeline.artifacts.params_blob import ChunkReader, Download
 from pipeline.artifacts.roots import S3Root
-from pipeline.artifacts.streams import ChunkReader, Download
 
 # Blobs above _MULTIPART_BYTES go up in parallel parts of _PART_BYTES (S3 takes at most
 # 5 GiB in one PUT). Below it one PUT is faster: on loopback (moto, 2 cores) 100 MB went up

@@ -19,8 +19,7 @@ from safetensors.torch import load_file, save_file
 from pipeline.artifacts import IntegrityError, StorageError
 from pipeline.artifacts.backends.s3 import S3Backend
 from pipeline.artifacts.digest import flatten_params, params_digest, read_params
-from pipeline.artifacts.roots import parse_root
-from pipeline.artifacts.streams import (
+from pipeline.artifacts.params_blob import (
     ChunkReader,
     Download,
     EncodedStream,
@@ -28,6 +27,7 @@ from pipeline.artifacts.streams import (
     encode_params,
     receive_params,
 )
+from pipeline.artifacts.roots import parse_root
 from tests.artifact_backends import BACKENDS, Storage, blob_key, make_storage
 
 pytestmark = pytest.mark.timeout(60)
