@@ -86,7 +86,7 @@ def collate_minibatches(
     num_batches = len(order) // minibatch_size
     if num_batches == 0:
         return []
-    batch_index = np.arange(len(order)) // minibatch_size
+    batch_index = np.repeat(np.arange(num_batches), minibatch_size)
     if modules_to_update is not None:
         wanted = np.array([name in modules_to_update for name in names], dtype=bool)
         kept = wanted[codes[order]]
@@ -104,14 +104,17 @@ def collate_minibatches(
     parts = {
         name: gather(column_array(table, name), order, pin_memory).split(counts) for name in columns
     }
+    views = zip(*parts.values(), strict=True) if parts else ((),) * len(counts)
+    groups = [dict(zip(columns, group, strict=True)) for group in views]
     batches: list[Batch] = []
-    for index in range(num_batches):
-        batch: Batch = {}
-        for code, module in enumerate(names):
-            group = index * len(names) + code
-            if counts[group]:
-                batch[module] = {name: views[group] for name, views in parts.items()}
-        batches.append(batch)
+    for first in range(0, len(groups), len(names)):
+        batches.append(
+            {
+                module: groups[first + code]
+                for code, module in enumerate(names)
+                if counts[first + code]
+            }
+        )
     return batches
 
 
@@ -164,7 +167,9 @@ def gather(array: np.ndarray, order: np.ndarray, pin_memory: bool = False) -> to
     """``array[order]`` (``order`` of any shape) as a tensor owning its memory, page-locked
     with ``pin_memory``."""
     if not pin_memory:
-        return torch.from_numpy(np.take(array, order, axis=0))
+        # Fancy indexing copies one-dimensional columns 2-3x faster than np.take; np.take
+        # copies rows of tensors 3x faster than fancy indexing.
+        return torch.from_numpy(array[order] if array.ndim == 1 else np.take(array, order, axis=0))
     shape = (*np.shape(order), *array.shape[1:])
     out = torch.empty(shape, dtype=torch.from_numpy(array[:0]).dtype, pin_memory=True)
     np.take(array, order, axis=0, out=out.numpy())
@@ -220,7 +225,8 @@ def _map_tensors(value: Any, fn):
 
 
 def _check_columns(table: pa.Table, columns: Sequence[str]) -> None:
-    missing = [name for name in columns if name not in table.column_names]
+    present = set(table.column_names)  # built anew by every call of the property
+    missing = [name for name in columns if name not in present]
     if missing:
         raise ValueError(
             f"columns {missing} are not in the data; available: {sorted(table.column_names)}"
