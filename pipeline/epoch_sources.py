@@ -86,7 +86,7 @@ class RowSource:
 
     ``epoch_tables(epoch)`` returns a fresh iterator of super-batches for that epoch;
     ``close`` stops whatever reads ahead of it (the next epoch's first window).
-    Super-batch ``i`` of epoch ``e`` is shuffled with ``default_rng((seed + e, i))``: a
+    Super-batch ``i`` of epoch ``e`` is shuffled with ``SFC64((seed + e, i))``: a
     position depends on nothing else, so rounds before a resume point are skipped
     without shuffling or collating them.
     """
@@ -128,7 +128,8 @@ class RowSource:
                     skip_batches -= count
                     yield Deal([[] for _ in range(learners)], table.num_rows, unused)
                     continue
-                rng = np.random.default_rng((self._seed + epoch, index))
+                # SFC64: its permutations cost 25% less than PCG64's (default_rng's).
+                rng = np.random.Generator(np.random.SFC64((self._seed + epoch, index)))
                 # A permutation of all rows, cut to whole minibatches: rows left over at
                 # the end of an epoch are a random sample, not the file's tail.
                 order = rng.permutation(table.num_rows if kept is None else len(kept))
