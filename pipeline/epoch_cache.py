@@ -83,6 +83,8 @@ class FileTables:
                     keeping = self._fits(table.nbytes * sum(self._file_rows) // table.num_rows)
                 held += table.nbytes
                 keeping = keeping and self._fits(held) and _cut(table, order, left, files)
+                if not keeping:
+                    files = []  # let go of what was kept: the stream holds two windows again
         finally:
             close = getattr(blocks, "close", None)
             if close is not None:
