@@ -4,9 +4,9 @@ A source turns ``(epoch, rounds to skip)`` into *deals*: each deal hands every l
 the group the same number of collated batches. One producer thread runs the source for
 the whole group (see ``pipeline.streams``); the source knows nothing about threads.
 
-Row sources take Ray Data's blocks as Arrow tables the moment they exist (see
-``pipeline.read_ahead``), re-cut them zero-copy into super-batches of ``superbatch_rows``
-rows, and cut minibatches from those locally. Ray Data pays a fixed cost of about a
+Row sources take Ray's blocks as Arrow tables the moment they exist (read by plain Ray
+tasks, see ``pipeline.window_tasks`` and ``pipeline.read_ahead``), re-cut them zero-copy
+into super-batches of ``superbatch_rows`` rows, and cut minibatches from those locally. Ray Data pays a fixed cost of about a
 millisecond per batch it hands out, so asking it for 512-row batches caps a stream at
 ~0.3 M rows/s, and even its own 16K-row batches cost the driver more CPU than the rest
 of the stream; cutting locally costs microseconds per minibatch. ``superbatch_rows`` is
@@ -17,7 +17,9 @@ and is batched by Ray.
 
 Every epoch reads the files in a new order drawn from ``seed + epoch`` (a materialized
 dataset reshuffles its blocks instead) and shuffles the rows inside each super-batch, so
-rows mix within a super-batch and files trade places between epochs.
+rows mix within a super-batch and files trade places between epochs. When they fit the
+cache budget, later epochs chain the first epoch's tables in that order instead of reading
+(``pipeline.epoch_cache``): the same rows, the same batches.
 
 Learners in one process share one read of the data instead of a ``streaming_split``:
 minibatches are dealt in rounds (learner ``r`` gets minibatch ``k * N + r`` of the
