@@ -6,14 +6,14 @@ the whole group (see ``pipeline.streams``); the source knows nothing about threa
 
 Row sources take Ray's blocks as Arrow tables the moment they exist (read by plain Ray
 tasks, see ``pipeline.window_tasks`` and ``pipeline.read_ahead``), re-cut them zero-copy
-into super-batches of ``superbatch_rows`` rows, and cut minibatches from those locally. Ray Data pays a fixed cost of about a
-millisecond per batch it hands out, so asking it for 512-row batches caps a stream at
-~0.3 M rows/s, and even its own 16K-row batches cost the driver more CPU than the rest
-of the stream; cutting locally costs microseconds per minibatch. ``superbatch_rows`` is
-a multiple of the minibatch size and every super-batch has exactly that many rows until
-the epoch ends, so every minibatch is full and only the epoch's final remainder is
-dropped (counted). A Ray Train shard (a ``DataIterator``) gives no access to its blocks
-and is batched by Ray.
+into super-batches of ``superbatch_rows`` rows, and cut minibatches from those locally.
+Ray Data pays a fixed cost of about a millisecond per batch it hands out, so asking it for
+512-row batches caps a stream at ~0.3 M rows/s, and even its own 16K-row batches cost the
+driver more CPU than the rest of the stream; cutting locally costs microseconds per
+minibatch. ``superbatch_rows`` is a multiple of the minibatch size and every super-batch
+has exactly that many rows until the epoch ends, so every minibatch is full and only the
+epoch's final remainder is dropped (counted). A Ray Train shard (a ``DataIterator``) gives
+no access to its blocks and is batched by Ray.
 
 Every epoch reads the files in a new order drawn from ``seed + epoch`` (a materialized
 dataset reshuffles its blocks instead) and shuffles the rows inside each super-batch, so
