@@ -27,10 +27,12 @@ the environment ``offmeta run`` gives it (``flows.runtime.QUIET_ENVIRONMENT``).
        /tmp/offmeta-rllib-bench/bin/pip install torch==2.13.0  # exactly: no CUDA build
        /tmp/offmeta-rllib-bench/bin/pip install 'ray[rllib]==2.60.0' -e .
        /tmp/offmeta-rllib-bench/bin/python bench/streams.py --quick
-3. Peak RSS of a process streaming one epoch (2 learners, not materialized) of all
+3. Peak RSS of a process streaming one epoch (2 learners, not materialized, no cache:
+   the window bound that data over ``cache_budget_mb`` gets) of all
    ``--rows`` rows divided by the same for one file (``--rows / 10``). Target <= 1.5.
 
     .venv/bin/python bench/streams.py [--rows 5000000] [--steady-rows 1000000] [--rounds 3]
+        [--figures 1,2,2b,3]
 
 Smaller runs for a quick look: ``--quick``, the same as ``--rows 500000 --steady-rows
 200000`` (a few minutes on a busy 2-core machine). Each figure is written as a record
@@ -260,10 +262,10 @@ def _group_per_module(batch: dict[str, torch.Tensor]) -> dict[str, dict[str, tor
     return grouped
 
 
-def stream_steady(episodes, epochs: int) -> tuple[int, float]:
+def stream_steady(episodes, epochs: int, **options) -> tuple[int, float]:
     from pipeline.streams import split_for_learners
 
-    streams = split_for_learners(episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0)
+    streams = split_for_learners(episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0, **options)
     per_epoch = (episodes.num_rows // LEARNERS) // MINIBATCH
     try:
         run_learners(streams, per_epoch)
@@ -287,7 +289,9 @@ def ray_read_epoch(directory: Path) -> tuple[int, float]:
     return rows, time.perf_counter() - start
 
 
-def stream_first_epoch(directory: Path) -> tuple[int, float, float]:
+def stream_first_epoch(
+    directory: Path, cache_budget_mb: float | None = None
+) -> tuple[int, float, float]:
     """Rows, streaming seconds, and the seconds read_episodes spent validating."""
     from pipeline.dataset import read_episodes
     from pipeline.streams import split_for_learners
@@ -295,7 +299,9 @@ def stream_first_epoch(directory: Path) -> tuple[int, float, float]:
     start = time.perf_counter()
     episodes = read_episodes(directory)
     validated = time.perf_counter() - start
-    streams = split_for_learners(episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0)
+    streams = split_for_learners(
+        episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0, cache_budget_mb=cache_budget_mb
+    )
     per_learner = (episodes.num_rows // LEARNERS) // MINIBATCH
     try:
         seconds = run_learners(streams, per_learner)
@@ -312,7 +318,8 @@ def peak_rss_child(directory: Path) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         _quiet_ray()
-        rows, _, _ = stream_first_epoch(directory)
+        # No cache: the figure is the window bound that data over the cache budget gets.
+        rows, _, _ = stream_first_epoch(directory, cache_budget_mb=0)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(json.dumps({"rows": rows, "peak_rss": peak}))
     finally:
@@ -375,6 +382,11 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="--rows 500000 --steady-rows 200000 (a quick look)"
     )
+    parser.add_argument(
+        "--figures",
+        default="1,2,2b,3",
+        help="the figures to run, comma-separated (default: 1,2,2b,3)",
+    )
     parser.add_argument("--rss-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child is not None:
@@ -388,11 +400,15 @@ def main() -> None:
         started = time.perf_counter()
         paths = write_dataset(root, args.rows)
         base = subset(root, "base", paths[:1])
-        warm = subset(root, "warm", paths[:2])
+        warm = subset(root, "warm", paths[:4])
         steady = subset(root, "steady", paths[:steady_files])
         os.sync()  # no write-back of the new files competes with the timed reads
         print(f"wrote {args.rows:,} rows in {FILES} files ({time.perf_counter() - started:.1f} s)")
-        run_figures(root / "all", base, warm, steady, paths, args.epochs, args.rounds)
+        figures = set(args.figures.split(","))
+        unknown = figures - {"1", "2", "2b", "3"}
+        if unknown:
+            parser.error(f"--figures: unknown {sorted(unknown)}; expected some of 1,2,2b,3")
+        run_figures(root / "all", base, warm, steady, paths, args.epochs, args.rounds, figures)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -405,9 +421,11 @@ def run_figures(
     paths: list[Path],
     epochs: int,
     rounds: int,
+    figures: set[str],
 ) -> None:
     # Memory first, in fresh processes of their own, before this process starts Ray.
-    small, large = peak_rss(base), peak_rss(full)
+    if "3" in figures:
+        small, large = peak_rss(base), peak_rss(full)
     import ray
 
     from pipeline.dataset import read_episodes
@@ -416,59 +434,79 @@ def run_figures(
     try:
         _quiet_ray()
         # Start both of Ray's workers and warm both read paths (imports, first tasks): the
-        # stream reads one task per file, so two files keep both workers busy.
+        # stream reads tasks of up to 16 MiB of files, so four files of the 1M-row data (two
+        # of larger ones) keep both workers busy.
         read_episodes(warm).dataset.take(1)
         stream_first_epoch(warm)
 
-        # Rounds of both, alternating, and the median of their ratios: this machine is
-        # shared, and one round can run at half speed.
-        streams, arrows, validated = [], [], 0.0
-        for _ in range(rounds):
-            rows, seconds, validated = stream_first_epoch(full)
-            streams.append((rows, seconds))
-            arrows.append(pyarrow_epoch(paths))
-        ratios = [(r1 / s1) / (r2 / s2) for (r1, s1), (r2, s2) in zip(streams, arrows, strict=True)]
-        stream_rows, stream_s = _median(streams)
-        arrow_rows, arrow_s = _median(arrows)
-        ray_rows, ray_s = ray_read_epoch(full)
-        first_ratio = sorted(ratios)[len(ratios) // 2]
-        _figure(
-            "1. first epoch from disk: LearnerStream / pyarrow (median of the rounds' ratios)",
-            first_ratio,
-            ">= 0.7",
-            [
-                f"LearnerStream {_rate(stream_rows, stream_s)}, median of {rounds}",
-                f"pyarrow       {_rate(arrow_rows, arrow_s)}, median of {rounds}",
-                "ratio per round: " + ", ".join(f"{ratio:.2f}" for ratio in ratios),
-                f"read_episodes' Dataset alone (default reader, same columns, 16K-row "
-                f"batches, no shuffle or collate): {_rate(ray_rows, ray_s)}",
-                f"(read_episodes validation and fingerprint, not timed above: {validated:.2f} s)",
-            ],
-        )
-        write_record(
-            "streams",
-            "1-first-epoch",
-            "first epoch from disk, LearnerStream rows/s (median of the rounds); ratio: "
-            "median of the rounds' ratios",
-            stream_rows / stream_s,
-            "rows/s",
-            baseline=Baseline(
-                "pyarrow read + group per module + zero-copy 512-row slices, rows/s",
-                arrow_rows / arrow_s,
-            ),
-            ratio=first_ratio,
-            target=">= 0.7",
-            shape=_shape(len(paths) * _rows(paths[0]), rounds=rounds),
-            details={
-                "round_ratios": ratios,
-                "ray_dataset_alone_rows_per_s": ray_rows / ray_s,
-                "validation_s": validated,
-            },
-        )
+        if "1" in figures:
+            first_epoch(full, paths, rounds)
+        if "2" in figures or "2b" in figures:
+            steady_epochs(steady, epochs, figures)
+    finally:
+        ray.shutdown()
+    if "3" in figures:
+        peak_rss_figure(small, large, paths)
 
-        episodes = read_episodes(steady)
-        cached = dataclasses.replace(episodes, dataset=episodes.dataset.materialize())
-        ours_rows, ours_s = stream_steady(cached, epochs)
+
+def first_epoch(full: Path, paths: list[Path], rounds: int) -> None:
+    # Rounds of both, alternating, and the median of their ratios: this machine is
+    # shared, and one round can run at half speed.
+    streams, arrows, validated = [], [], 0.0
+    for _ in range(rounds):
+        rows, seconds, validated = stream_first_epoch(full)
+        streams.append((rows, seconds))
+        arrows.append(pyarrow_epoch(paths))
+    ratios = [(r1 / s1) / (r2 / s2) for (r1, s1), (r2, s2) in zip(streams, arrows, strict=True)]
+    stream_rows, stream_s = _median(streams)
+    arrow_rows, arrow_s = _median(arrows)
+    ray_rows, ray_s = ray_read_epoch(full)
+    first_ratio = sorted(ratios)[len(ratios) // 2]
+    _figure(
+        "1. first epoch from disk: LearnerStream / pyarrow (median of the rounds' ratios)",
+        first_ratio,
+        ">= 0.7",
+        [
+            f"LearnerStream {_rate(stream_rows, stream_s)}, median of {rounds}",
+            f"pyarrow       {_rate(arrow_rows, arrow_s)}, median of {rounds}",
+            "ratio per round: " + ", ".join(f"{ratio:.2f}" for ratio in ratios),
+            f"read_episodes' Dataset alone (default reader, same columns, 16K-row "
+            f"batches, no shuffle or collate): {_rate(ray_rows, ray_s)}",
+            f"(read_episodes validation and fingerprint, not timed above: {validated:.2f} s)",
+        ],
+    )
+    write_record(
+        "streams",
+        "1-first-epoch",
+        "first epoch from disk, LearnerStream rows/s (median of the rounds); ratio: "
+        "median of the rounds' ratios",
+        stream_rows / stream_s,
+        "rows/s",
+        baseline=Baseline(
+            "pyarrow read + group per module + zero-copy 512-row slices, rows/s",
+            arrow_rows / arrow_s,
+        ),
+        ratio=first_ratio,
+        target=">= 0.7",
+        shape=_shape(len(paths) * _rows(paths[0]), rounds=rounds),
+        details={
+            "round_ratios": ratios,
+            "ray_dataset_alone_rows_per_s": ray_rows / ray_s,
+            "validation_s": validated,
+        },
+    )
+
+
+def steady_epochs(steady: Path, epochs: int, figures: set[str]) -> None:
+    from pipeline.dataset import read_episodes
+
+    episodes = read_episodes(steady)
+    cached = dataclasses.replace(episodes, dataset=episodes.dataset.materialize())
+    ours_rows, ours_s = stream_steady(cached, epochs)
+    # The same stream over the files: the first epoch read, later ones kept in memory.
+    plain = stream_steady(episodes, epochs)
+    print(f"\nLearnerStream over the files, later epochs kept in memory: {_rate(*plain)}")
+    if "2" in figures:
         ref_rows, ref_s = reference_steady(cached.dataset, epochs)
         _figure(
             "2. steady epochs: LearnerStream / iter_torch_batches per streaming_split",
@@ -493,6 +531,7 @@ def run_figures(
             target=">= 10",
             shape=_shape(episodes.num_rows, epochs=epochs),
         )
+    if "2b" in figures:
         rllib = rllib_steady(cached.dataset, epochs)
         if rllib is not None:
             rllib_rows, rllib_s = rllib
@@ -517,8 +556,9 @@ def run_figures(
                 target=">= 15",
                 shape=_shape(episodes.num_rows, epochs=epochs),
             )
-    finally:
-        ray.shutdown()
+
+
+def peak_rss_figure(small: dict, large: dict, paths: list[Path]) -> None:
     _figure(
         "3. peak RSS streaming 10x the rows / base",
         large["peak_rss"] / small["peak_rss"],

@@ -11,6 +11,7 @@ view into that gathered buffer, so slicing a super-batch into minibatches copies
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -86,32 +87,34 @@ def collate_minibatches(
     num_batches = len(order) // minibatch_size
     if num_batches == 0:
         return []
-    batch_index = np.arange(len(order)) // minibatch_size
+    # Group (minibatch, module) of every row: small keys, since numpy's stable sort is a
+    # radix sort for 16 bits or less, one pass per byte.
+    num_groups = num_batches * len(names)
+    small = next((t for t in (np.uint8, np.uint16) if num_groups <= np.iinfo(t).max), np.int64)
+    key = np.repeat(np.arange(0, num_groups, len(names), dtype=small), minibatch_size)
     if modules_to_update is not None:
         wanted = np.array([name in modules_to_update for name in names], dtype=bool)
         kept = wanted[codes[order]]
-        order, batch_index = order[kept], batch_index[kept]
+        order, key = order[kept], key[kept]
     if len(names) > 1:
-        key = batch_index * len(names) + codes[order]
-        if num_batches * len(names) <= np.iinfo(np.uint16).max:
-            key = key.astype(np.uint16)  # numpy's stable sort is a radix sort for 16 bits
-        by_key = np.argsort(key, kind="stable")
-        order, key = order[by_key], key[by_key]
-    else:
-        key = batch_index
-    counts = np.bincount(key, minlength=num_batches * len(names)).tolist()
+        key += codes[order].astype(small)
+        order = order[np.argsort(key, kind="stable")]
+    counts = np.bincount(key, minlength=num_groups).tolist()
     # One split per column: views for every (minibatch, module) group in a single call.
     parts = {
         name: gather(column_array(table, name), order, pin_memory).split(counts) for name in columns
     }
+    views = zip(*parts.values(), strict=True) if parts else ((),) * len(counts)
+    groups = [dict(zip(columns, group, strict=True)) for group in views]
     batches: list[Batch] = []
-    for index in range(num_batches):
-        batch: Batch = {}
-        for code, module in enumerate(names):
-            group = index * len(names) + code
-            if counts[group]:
-                batch[module] = {name: views[group] for name, views in parts.items()}
-        batches.append(batch)
+    for first in range(0, len(groups), len(names)):
+        batches.append(
+            {
+                module: groups[first + code]
+                for code, module in enumerate(names)
+                if counts[first + code]
+            }
+        )
     return batches
 
 
@@ -133,6 +136,12 @@ def module_codes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
         chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
         for chunk in column.chunks
     ]
+    if len(chunks) == 1:
+        # The usual block: one chunk whose dictionary is already the sorted ids, so its
+        # indices are the codes (every super-batch of a stream comes this way).
+        dictionary = [str(name) for name in chunks[0].dictionary.to_pylist()]
+        if all(a < b for a, b in itertools.pairwise(dictionary)):
+            return chunks[0].indices.to_numpy(zero_copy_only=False), dictionary
     names = sorted({str(name) for chunk in chunks for name in chunk.dictionary.to_pylist()})
     position = {name: code for code, name in enumerate(names)}
     parts = [
@@ -164,7 +173,9 @@ def gather(array: np.ndarray, order: np.ndarray, pin_memory: bool = False) -> to
     """``array[order]`` (``order`` of any shape) as a tensor owning its memory, page-locked
     with ``pin_memory``."""
     if not pin_memory:
-        return torch.from_numpy(np.take(array, order, axis=0))
+        # Fancy indexing copies one-dimensional columns 2-3x faster than np.take; np.take
+        # copies rows of tensors 3x faster than fancy indexing.
+        return torch.from_numpy(array[order] if array.ndim == 1 else np.take(array, order, axis=0))
     shape = (*np.shape(order), *array.shape[1:])
     out = torch.empty(shape, dtype=torch.from_numpy(array[:0]).dtype, pin_memory=True)
     np.take(array, order, axis=0, out=out.numpy())
@@ -220,7 +231,8 @@ def _map_tensors(value: Any, fn):
 
 
 def _check_columns(table: pa.Table, columns: Sequence[str]) -> None:
-    missing = [name for name in columns if name not in table.column_names]
+    # Not table.column_names: it builds a list of every name, per call.
+    missing = [name for name in columns if table.schema.get_field_index(name) < 0]
     if missing:
         raise ValueError(
             f"columns {missing} are not in the data; available: {sorted(table.column_names)}"

@@ -4,20 +4,22 @@ A source turns ``(epoch, rounds to skip)`` into *deals*: each deal hands every l
 the group the same number of collated batches. One producer thread runs the source for
 the whole group (see ``pipeline.streams``); the source knows nothing about threads.
 
-Row sources take Ray Data's blocks as Arrow tables the moment they exist (see
-``pipeline.read_ahead``), re-cut them zero-copy into super-batches of ``superbatch_rows``
-rows, and cut minibatches from those locally. Ray Data pays a fixed cost of about a
-millisecond per batch it hands out, so asking it for 512-row batches caps a stream at
-~0.3 M rows/s, and even its own 16K-row batches cost the driver more CPU than the rest
-of the stream; cutting locally costs microseconds per minibatch. ``superbatch_rows`` is
-a multiple of the minibatch size and every super-batch has exactly that many rows until
-the epoch ends, so every minibatch is full and only the epoch's final remainder is
-dropped (counted). A Ray Train shard (a ``DataIterator``) gives no access to its blocks
-and is batched by Ray.
+Row sources take Ray's blocks as Arrow tables the moment they exist (read by plain Ray
+tasks, see ``pipeline.window_tasks`` and ``pipeline.read_ahead``), re-cut them zero-copy
+into super-batches of ``superbatch_rows`` rows, and cut minibatches from those locally.
+Ray Data pays a fixed cost of about a millisecond per batch it hands out, so asking it for
+512-row batches caps a stream at ~0.3 M rows/s, and even its own 16K-row batches cost the
+driver more CPU than the rest of the stream; cutting locally costs microseconds per
+minibatch. ``superbatch_rows`` is a multiple of the minibatch size and every super-batch
+has exactly that many rows until the epoch ends, so every minibatch is full and only the
+epoch's final remainder is dropped (counted). A Ray Train shard (a ``DataIterator``) gives
+no access to its blocks and is batched by Ray.
 
 Every epoch reads the files in a new order drawn from ``seed + epoch`` (a materialized
 dataset reshuffles its blocks instead) and shuffles the rows inside each super-batch, so
-rows mix within a super-batch and files trade places between epochs.
+rows mix within a super-batch and files trade places between epochs. When they fit the
+cache budget, later epochs chain the first epoch's tables in that order instead of reading
+(``pipeline.epoch_cache``): the same rows, the same batches.
 
 Learners in one process share one read of the data instead of a ``streaming_split``:
 minibatches are dealt in rounds (learner ``r`` gets minibatch ``k * N + r`` of the
@@ -35,13 +37,15 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from pipeline.batching import Batch, collate_minibatches, default_columns, module_codes
-from pipeline.dataset import to_canonical
+from pipeline.batching import Batch, collate_minibatches, module_codes
+from pipeline.epoch_cache import FileTables, default_budget_bytes
 from pipeline.parquet_files import file_sizes, group_files
-from pipeline.read_ahead import EpochReads
+from pipeline.read_ahead import EpochReads, bundle_blocks, read_ahead
 from pipeline.returns import returns_index, split_derived
-from pipeline.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, EpisodeSchema
+from pipeline.selection import check_modules, resolve_columns
+from pipeline.window_tasks import read_window
 
 # The driver maps every block it reads, so its memory follows the blocks in flight: small
 # blocks and windows of files read one ahead keep a streamed epoch flat (Ray's defaults,
@@ -84,7 +88,7 @@ class RowSource:
 
     ``epoch_tables(epoch)`` returns a fresh iterator of super-batches for that epoch;
     ``close`` stops whatever reads ahead of it (the next epoch's first window).
-    Super-batch ``i`` of epoch ``e`` is shuffled with ``default_rng((seed + e, i))``: a
+    Super-batch ``i`` of epoch ``e`` is shuffled with ``SFC64((seed + e, i))``: a
     position depends on nothing else, so rounds before a resume point are skipped
     without shuffling or collating them.
     """
@@ -120,16 +124,18 @@ class RowSource:
         try:
             for index, table in enumerate(tables):
                 kept = self._trainable_rows(table)
-                count = len(kept) // size
+                count = (table.num_rows if kept is None else len(kept)) // size
                 unused = table.num_rows - count * size
                 if skip_batches >= count:
                     skip_batches -= count
                     yield Deal([[] for _ in range(learners)], table.num_rows, unused)
                     continue
-                rng = np.random.default_rng((self._seed + epoch, index))
+                # SFC64: its permutations cost 25% less than PCG64's (default_rng's).
+                rng = np.random.Generator(np.random.SFC64((self._seed + epoch, index)))
                 # A permutation of all rows, cut to whole minibatches: rows left over at
                 # the end of an epoch are a random sample, not the file's tail.
-                order = kept[rng.permutation(len(kept))][skip_batches * size : count * size]
+                order = rng.permutation(table.num_rows if kept is None else len(kept))
+                order = (order if kept is None else kept[order])[skip_batches * size : count * size]
                 skip_batches = 0
                 pending += collate_minibatches(
                     table, order, size, columns=self._columns, pin_memory=self._pin_memory
@@ -156,9 +162,10 @@ class RowSource:
             f"(one for each learner); lower minibatch_size or num_learners, or add data"
         )
 
-    def _trainable_rows(self, table: pa.Table) -> np.ndarray:
+    def _trainable_rows(self, table: pa.Table) -> np.ndarray | None:
+        """The positions of rows to train on; None for all of them."""
         if self._modules_to_update is None:
-            return np.arange(table.num_rows)
+            return None
         codes, names = module_codes(table)
         wanted = np.array([name in self._modules_to_update for name in names], dtype=bool)
         return np.flatnonzero(wanted[codes])
@@ -176,6 +183,7 @@ def row_source(
     materialize: bool,
     pin_memory: bool,
     gamma: float | None = None,
+    cache_budget_mb: float | None = None,
 ) -> RowSource:
     """A row source over ``Episodes``, or over a Ray ``DataIterator`` that is already one
     learner's shard (Ray Train's ``get_dataset_shard``). With ``gamma``, rows also carry
@@ -218,45 +226,75 @@ def row_source(
 
     def selected(dataset: ray.data.Dataset) -> ray.data.Dataset:
         dataset = dataset.select_columns(needed)
-        if modules is not None and schema.has_module_id:
-            # Filtering inside Ray keeps super-batches whole: every fetch is exactly
-            # superbatch_rows trainable rows.
-            dataset = dataset.filter(expr=col("module_id").is_in(sorted(modules)))
         # preserve_order: the rows' order is a function of the seed alone (exact resume).
         dataset.context.execution_options.preserve_order = True
         dataset.context.target_max_block_size = _STREAM_BLOCK_BYTES
         return dataset
 
+    epoch_tables: Callable[[int], Iterator[pa.Table]]
+    reads: EpochReads | None = None
     if materialize or isinstance(source.dataset, MaterializedDataset):
         # Our own copy of the Ray context, so that the caller's dataset is left as it was
         # (``_deep_copy``, a private argument of Ray 2.60's Dataset.copy, copies the context);
         # materialized after selecting, so that an epoch runs no task per block.
-        cached = selected(ray.data.Dataset.copy(source.dataset, _deep_copy=True)).materialize()
+        dataset = ray.data.Dataset.copy(source.dataset, _deep_copy=True).select_columns(needed)
+        dataset.context.target_max_block_size = _STREAM_BLOCK_BYTES
+        if modules is not None and schema.has_module_id:
+            dataset = dataset.filter(expr=col("module_id").is_in(sorted(modules)))
+        bundles = list(dataset.materialize().iter_internal_ref_bundles())
 
-        def windows(epoch: int) -> list[Callable[[], ray.data.Dataset]]:
-            # Blocks already sit in the object store: shuffling their order is cheap.
-            return [lambda: cached.randomize_block_order(seed=seed + epoch)]
+        def epoch_tables(epoch: int) -> Iterator[pa.Table]:
+            # Blocks already sit in the object store: a seeded block order, no execution.
+            for index in np.random.default_rng(seed + epoch).permutation(len(bundles)):
+                yield from bundle_blocks(bundles[index])
 
     else:
         sizes = file_sizes(source.files, source.filesystem)
+        budget = default_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
+        kept = FileTables(source.file_rows, int(budget), describe=str(source.root))
 
-        def windows(epoch: int) -> list[Callable[[], ray.data.Dataset]]:
+        def file_order(epoch: int) -> list[int]:
+            return np.random.default_rng(seed + epoch).permutation(len(sizes)).tolist()
+
+        def windows(epoch: int) -> list[Callable[[], Iterator[Any]]]:
             # A fresh read per epoch over the validated files in a seeded order, a window
-            # of files at a time (see pipeline.read_ahead), each window read by tasks of
-            # grouped files (see pipeline.grouped_read). Ray's randomize_block_order would
+            # of files at a time (see pipeline.read_ahead), each window read by Ray tasks of
+            # grouped files (see pipeline.window_tasks). Ray's randomize_block_order would
             # wait for the whole epoch to be read before handing out its first block; a
             # file order streams from the first file.
-            order = np.random.default_rng(seed + epoch).permutation(len(sizes)).tolist()
+            order = file_order(epoch)
             return [
-                functools.partial(_read_window, source, order[w.start : w.stop], sizes, selected)
+                functools.partial(
+                    read_window,
+                    source,
+                    order[w.start : w.stop],
+                    sizes,
+                    needed,
+                    task_bytes=_STREAM_TASK_BYTES,
+                    block_bytes=_STREAM_BLOCK_BYTES,
+                )
                 for w in group_files([sizes[i] for i in order], _WINDOW_BYTES)
             ]
 
-    # One read across epochs: the next epoch's first window reads while this one ends.
-    reads = EpochReads(windows)
+        # Once the cache is given up, one read across epochs: the next epoch's first
+        # window reads while this one ends.
+        reads = EpochReads(windows)
+
+        def epoch_tables(epoch: int) -> Iterator[pa.Table]:
+            if kept.complete:
+                tables = kept.tables(file_order(epoch))
+            elif kept.refused:
+                tables = reads.tables(epoch)
+            else:
+                # One epoch only: read ahead into the next would be wasted once it is kept.
+                tables = kept.record(file_order(epoch), read_ahead(windows(epoch)))
+            if modules is not None and schema.has_module_id:
+                # Filtered after the cache, which cuts tables at the files' row counts.
+                tables = _only_modules(tables, modules)
+            return tables
 
     def tables(epoch: int) -> Iterator[pa.Table]:
-        return cut_tables(reads.tables(epoch), superbatch_rows)
+        return cut_tables(epoch_tables(epoch), superbatch_rows)
 
     if derived:
         assert gamma is not None  # split_derived refuses derived columns without it
@@ -266,33 +304,16 @@ def row_source(
         columns=(*chosen, *derived),
         modules_to_update=modules,
         exact=True,
-        close=reads.close,
+        close=reads.close if reads is not None else lambda: None,
         **options,
     )
 
 
-def _read_window(
-    source: Any, positions: list[int], sizes: list[int], selected: Callable[[Any], Any]
-) -> Any:
-    """The Dataset of one window: the files of ``source`` at ``positions``, in that order."""
-    from pipeline.grouped_read import read_grouped
-
-    dataset = read_grouped(
-        [source.files[i] for i in positions],
-        [sizes[i] for i in positions],
-        [source.file_rows[i] for i in positions],
-        source.filesystem,
-        target_bytes=_STREAM_TASK_BYTES,
-    )
-    dataset = selected(to_canonical(source, dataset))
-    # A backstop for files far larger than a window (whose reads would otherwise run
-    # ahead up to Ray's default budget, a fraction of the object store): twice the window
-    # never holds back a window of ordinary files.
-    limits = dataset.context.execution_options.resource_limits
-    dataset.context.execution_options.resource_limits = limits.copy(
-        object_store_memory=2 * _WINDOW_BYTES
-    )
-    return dataset
+def _only_modules(tables: Iterable[pa.Table], modules: frozenset[str]) -> Iterator[pa.Table]:
+    """The rows of ``modules``, in order (as a filter inside Ray would keep them)."""
+    wanted = pa.array(sorted(modules))
+    for table in tables:
+        yield table.filter(pc.is_in(table.column("module_id"), value_set=wanted))
 
 
 def iter_superbatches(shard: Any, superbatch_rows: int) -> Iterator[pa.Table]:
@@ -330,57 +351,3 @@ def cut_tables(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-
-
-def resolve_columns(schema: EpisodeSchema, columns: Sequence[str] | None) -> tuple[str, ...]:
-    """The columns to deliver: the training columns by default, else the ones named."""
-    available = list(REQUIRED_COLUMNS)
-    available += ["new_obs"] if schema.has_new_obs else []
-    available += list(schema.extra_columns)
-    if columns is None:
-        return default_columns(available)
-    if isinstance(columns, str):
-        raise TypeError(f"columns must be a sequence of names, got the string {columns!r}")
-    ids = [name for name in columns if name in ("module_id", "task_id")]
-    if ids:
-        raise ValueError(
-            f"columns {ids} group the rows (batches are keyed by module, meta-batches by "
-            "task); leave them out of columns="
-        )
-    missing = [name for name in columns if name not in available]
-    if missing:
-        raise ValueError(f"columns {missing} are not in the data; available: {available}")
-    if schema.eps_id_type == "string" and "eps_id" in columns:
-        raise ValueError(
-            "column 'eps_id' holds strings, which cannot become a tensor; leave it out of "
-            "columns= (or store integer episode ids)"
-        )
-    return tuple(dict.fromkeys(columns))
-
-
-def check_modules(
-    modules_to_update: Collection[str] | None, module_ids: tuple[str, ...] | None
-) -> frozenset[str] | None:
-    """``modules_to_update`` as a set, refusing ids the data does not have."""
-    if modules_to_update is None:
-        return None
-    if isinstance(modules_to_update, str):
-        raise TypeError(
-            f"modules_to_update must be a collection of module ids, got the string "
-            f"{modules_to_update!r} (write [{modules_to_update!r}])"
-        )
-    modules = frozenset(modules_to_update)
-    if not modules:
-        raise ValueError("modules_to_update is empty: no row would ever be delivered")
-    unknown = sorted(modules - set(module_ids)) if module_ids is not None else []
-    if unknown:
-        default = (
-            f" (rows without a module_id column belong to {DEFAULT_MODULE_ID!r})"
-            if module_ids == (DEFAULT_MODULE_ID,)
-            else ""
-        )
-        raise ValueError(
-            f"modules_to_update names {unknown}, which the data does not have; its modules "
-            f"are {list(module_ids or ())}{default}"
-        )
-    return modules

@@ -17,15 +17,14 @@ preserves order (streams set ``preserve_order``, for exact resume) gives the row
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from pipeline.parquet_files import group_files, read_files
+from pipeline.parquet_files import group_files, read_blocks
 
 TARGET_TASK_BYTES = 128 << 20
 """Parquet bytes on disk per read task."""
@@ -35,7 +34,6 @@ MAX_FILES_PER_TASK = 1024
 enough that 20,000 files still make 20 tasks for the cores to share."""
 
 _DEFAULT_BLOCK_BYTES = 128 << 20
-_FEW_CHUNKS = 16
 
 
 def read_grouped(
@@ -122,37 +120,7 @@ class GroupedParquetDatasource(Datasource):
                 exec_stats=None,
             )
             read = functools.partial(
-                _read_task, files, sizes, self._filesystem, columns, block_bytes
+                read_blocks, files, sizes, self._filesystem, columns, block_bytes
             )
             tasks.append(ReadTask(read, metadata, per_task_row_limit=per_task_row_limit))
         return tasks
-
-
-def _read_task(
-    files: Sequence[str],
-    sizes: Sequence[int],
-    filesystem: pafs.FileSystem,
-    columns: Sequence[str] | None,
-    block_bytes: int,
-) -> Iterator[pa.Table]:
-    """One read task: the group's tables joined into blocks of at most ``block_bytes`` (a
-    larger table is a block of its own). Blocks never grow past the context's size: the
-    driver maps every block a stream reads, so its memory follows their size."""
-    held: list[pa.Table] = []
-    held_bytes = 0
-    for part in read_files(files, sizes, filesystem, columns):
-        if held and held_bytes + part.table.nbytes > block_bytes:
-            yield _joined(held)
-            held, held_bytes = [], 0
-        held.append(part.table)
-        held_bytes += part.table.nbytes
-    if held:
-        yield _joined(held)
-
-
-def _joined(tables: list[pa.Table]) -> pa.Table:
-    """The tables as one; copied into one chunk per column when they are many (small
-    files): a thousand one-row chunks would make every later slice and take walk a
-    thousand pieces, while a few row groups' chunks cost nothing to keep."""
-    joined = pa.concat_tables(tables)
-    return joined.combine_chunks() if len(tables) > _FEW_CHUNKS else joined

@@ -26,6 +26,7 @@ _WHOLE_FILE_BYTES = 4 << 20
 """Files up to this size on disk are read whole by the pool, ahead of the consumer;
 larger ones row group by row group on the consumer's thread (their opens are a small part
 of their reads)."""
+_FEW_CHUNKS = 16
 _AHEAD_BYTES = 8 << 20
 """At most this many bytes on disk are read ahead (and at most ``2 * threads`` files), so a
 read holds a few times this in memory whatever the files' sizes."""
@@ -118,6 +119,37 @@ def read_files(
             yield ahead.popleft()[1].result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def read_blocks(
+    files: Sequence[str],
+    sizes: Sequence[int],
+    filesystem: pafs.FileSystem,
+    columns: Sequence[str] | None,
+    block_bytes: int,
+) -> Iterator[pa.Table]:
+    """The tables of ``files`` (one read task's group, see ``pipeline.grouped_read`` and
+    ``pipeline.window_tasks``) joined into blocks of at most ``block_bytes`` (a larger
+    table is a block of its own). Blocks never grow past that size: the driver maps every
+    block a stream reads, so its memory follows their size."""
+    held: list[pa.Table] = []
+    held_bytes = 0
+    for part in read_files(files, sizes, filesystem, columns):
+        if held and held_bytes + part.table.nbytes > block_bytes:
+            yield _joined(held)
+            held, held_bytes = [], 0
+        held.append(part.table)
+        held_bytes += part.table.nbytes
+    if held:
+        yield _joined(held)
+
+
+def _joined(tables: list[pa.Table]) -> pa.Table:
+    """The tables as one; copied into one chunk per column when they are many (small
+    files): a thousand one-row chunks would make every later slice and take walk a
+    thousand pieces, while a few row groups' chunks cost nothing to keep."""
+    joined = pa.concat_tables(tables)
+    return joined.combine_chunks() if len(tables) > _FEW_CHUNKS else joined
 
 
 def _whole_file(path: str, filesystem: pafs.FileSystem, columns: list[str] | None) -> FilePart:

@@ -1,4 +1,5 @@
-"""The blocks of Ray Data executions, drained one window ahead of their consumer.
+"""The blocks of windows of reads (Ray Data executions, or plain Ray tasks), drained one
+window ahead of their consumer.
 
 Ray Data 2.60's streaming executor runs a scheduling loop in a driver thread until every
 output of an execution has been taken. While outputs wait for a slower consumer, or read
@@ -7,11 +8,11 @@ here, ~1,400 loop steps and 0.7 s of driver CPU for one 5M-row epoch, taken from
 cores that the read tasks and the learners need (Ray issue #65060 reports the same spin).
 
 So a stream never lets an execution wait for it. An epoch is cut into *windows* (a few
-files each), each read by an execution of its own; a helper thread per window takes its
-bundles (object references, not data) the moment they exist, so that every execution
-ends as soon as its reads do. Window ``k`` starts only once the consumer has finished
-window ``k - 2``, so at most two windows sit in the object store at any time, whatever
-the dataset's size.
+files each), each read by an execution (or tasks, see ``pipeline.window_tasks``) of its
+own; a helper thread per window takes its bundles (object references, not data) the
+moment they exist, so that every execution ends as soon as its reads do. Window ``k``
+starts only once the consumer has finished window ``k - 2``, so at most two windows sit
+in the object store at any time, whatever the dataset's size.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    import ray.data
+    pass
 
 _JOIN_S = 5.0
+
+Window = Any
+"""What a window's builder returns: a Ray ``Dataset``, or an iterable of block references
+(``ray.ObjectRef``, as ``pipeline.window_tasks`` gives them), taken in order."""
 
 
 @dataclass(frozen=True)
@@ -41,10 +46,10 @@ _DONE = object()
 
 
 def read_ahead(
-    windows: Iterable[Callable[[], ray.data.Dataset]], *, name: str = "offmeta-read-ahead"
+    windows: Iterable[Callable[[], Window]], *, name: str = "offmeta-read-ahead"
 ) -> Iterator[pa.Table]:
-    """The blocks of every window's Dataset as Arrow tables, window after window, in
-    each Dataset's order. ``windows`` builds each Dataset when its turn comes; it is
+    """The blocks of every window (a Dataset, or block references) as Arrow tables, window
+    after window, each in its own order. ``windows`` builds each Dataset when its turn comes; it is
     iterated lazily (by a helper thread), so it may be endless.
 
     Two windows read at once: while the consumer is on window ``k``, window ``k + 1``
@@ -60,7 +65,7 @@ def read_ahead(
 
 
 def read_windows(
-    windows: Iterable[Callable[[], ray.data.Dataset]], *, name: str = "offmeta-read-ahead"
+    windows: Iterable[Callable[[], Window]], *, name: str = "offmeta-read-ahead"
 ) -> Iterator[pa.Table | None]:
     """``read_ahead``, with a ``None`` after the last block of each window."""
     handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()  # a bundle queue per window
@@ -68,9 +73,12 @@ def read_windows(
     stop = threading.Event()
     drains: list[threading.Thread] = []
 
-    def drain(build: Callable[[], ray.data.Dataset], bundles: queue.SimpleQueue[Any]) -> None:
+    def drain(build: Callable[[], Window], bundles: queue.SimpleQueue[Any]) -> None:
         try:
-            for bundle in build().iter_internal_ref_bundles():
+            window = build()
+            if hasattr(window, "iter_internal_ref_bundles"):  # a Ray Dataset
+                window = window.iter_internal_ref_bundles()
+            for bundle in window:
                 bundles.put(bundle)
                 if stop.is_set():
                     return
@@ -129,7 +137,7 @@ class EpochReads:
 
     def __init__(
         self,
-        windows_of: Callable[[int], Sequence[Callable[[], ray.data.Dataset]]],
+        windows_of: Callable[[int], Sequence[Callable[[], Window]]],
         *,
         name: str = "offmeta-read-ahead",
     ) -> None:
@@ -190,9 +198,12 @@ class EpochReads:
 def bundle_blocks(bundle: Any) -> Iterator[pa.Table]:
     """The blocks of one Ray ``RefBundle`` (from ``Dataset.iter_internal_ref_bundles``, a
     public DeveloperAPI) as Arrow tables; a bundle may hold a row range of a block (after
-    a ``limit``, say), which is honoured."""
+    a ``limit``, say), which is honoured. A plain object reference is one block."""
     import ray
 
+    if isinstance(bundle, ray.ObjectRef):
+        yield ray.get(bundle)
+        return
     refs = bundle.block_refs
     slices = getattr(bundle, "slices", None) or (None,) * len(refs)
     for ref, piece in zip(refs, slices, strict=True):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import threading
 import time
 import weakref
 from collections import deque
@@ -28,8 +27,8 @@ import torch
 
 from pipeline.batching import Batch, finalize
 from pipeline.epoch_sources import EpochSource, row_source
-from pipeline.schema import DatasetError
-from pipeline.stall import ProgressBoard, StreamStalledError
+from pipeline.stall import StreamStalledError
+from pipeline.stream_group import StreamGroup
 from pipeline.task_sources import TaskSource, WindowTaskSource
 from pipeline.task_windows import TaskWindows
 from pipeline.tasks import TaskSamples
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["LearnerStream", "StreamStalledError", "split_for_learners"]
 
 _PREFETCH_DEALS = 2
-_CLOSE_JOIN_S = 10.0
 
 
 class LearnerStream:
@@ -53,7 +51,7 @@ class LearnerStream:
     next epoch (reshuffled with ``seed + epoch``) when one ends.
     """
 
-    def __init__(self, *, name: str, rank: int, group: _Group) -> None:
+    def __init__(self, *, name: str, rank: int, group: StreamGroup) -> None:
         self.name = name
         self.rank = rank
         self._group = group
@@ -241,116 +239,6 @@ class LearnerStream:
             raise self._failure
 
 
-class _Group:
-    """The learners of one ``split_for_learners`` call: one source, one producer thread,
-    one progress board, a queue per learner."""
-
-    def __init__(
-        self,
-        *,
-        source: EpochSource,
-        ranks: Sequence[int],
-        settings: dict[str, Any],
-        rows_per_batch: int,
-        device: torch.device,
-        stall_timeout_s: float,
-    ) -> None:
-        self.source = source
-        self.settings = settings
-        self.rows_per_batch = rows_per_batch
-        self.device = device
-        self.board = ProgressBoard([f"learner-{r}" for r in ranks], stall_timeout_s)
-        self.streams = [LearnerStream(name=f"learner-{r}", rank=r, group=self) for r in ranks]
-        self.started = False
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        with self._lock:
-            if self.started:
-                return
-            self.started = True
-            epochs = {s._epoch for s in self.streams}
-            if len(epochs) > 1:
-                saved = ", ".join(f"{s.name}: {s._epoch}" for s in self.streams)
-                error = ValueError(
-                    f"learners of one split were restored to different epochs ({saved}); "
-                    "restore states saved at the same step"
-                )
-                for stream in self.streams:
-                    stream._failure = error
-                raise error
-            skip = min(s._consumed for s in self.streams)
-            for stream in self.streams:
-                stream._discard = stream._consumed - skip
-            names = "+".join(s.name for s in self.streams)
-            self._thread = threading.Thread(
-                target=self._produce,
-                args=(epochs.pop(), skip),
-                name=f"offmeta-stream-{names}",
-                daemon=True,
-            )
-            self._thread.start()
-
-    def release(self, stream: LearnerStream) -> None:
-        self.board.closed(stream.name)
-        _drain(stream._queue)
-        if all(s._closed for s in self.streams):
-            self._stop.set()
-            for other in self.streams:
-                _drain(other._queue)
-            if self._thread is not None:
-                self._thread.join(timeout=_CLOSE_JOIN_S)
-
-    def _produce(self, epoch: int, skip: int) -> None:
-        names = ", ".join(s.name for s in self.streams)
-        try:
-            while not self._stop.is_set():
-                rows = dropped = rounds = 0
-                with contextlib.closing(self.source.deals(epoch, skip)) as deals:
-                    for deal in deals:
-                        rows += deal.rows
-                        dropped += deal.dropped_rows
-                        rounds += len(deal.batches[0])
-                        if deal.batches[0] and not self._deal(deal.batches):
-                            return
-                        if self._stop.is_set():
-                            return
-                if rounds + skip == 0:
-                    raise DatasetError(f"{names}: {self.source.describe_empty(epoch, rows)}")
-                if not self._broadcast(("end", dropped)):
-                    return
-                epoch, skip = epoch + 1, 0
-        except BaseException as error:  # relayed to every learner, which re-raises it
-            self._broadcast(("error", error))
-        finally:
-            # Row sources read the next epoch ahead: stop those reads with this thread.
-            close = getattr(self.source, "close", None)
-            if close is not None:
-                close()
-
-    def _deal(self, batches: list[list[Batch]]) -> bool:
-        return all(
-            self._put(stream, ("batches", mine))
-            for stream, mine in zip(self.streams, batches, strict=True)
-        )
-
-    def _broadcast(self, item: tuple[Any, ...]) -> bool:
-        return all(self._put(stream, item) for stream in self.streams)
-
-    def _put(self, stream: LearnerStream, item: tuple[Any, ...]) -> bool:
-        # Blocks while the learner's queue is full: a learner that stops taking stops
-        # the whole split, and the others' stall check names it.
-        while not self._stop.is_set():
-            if stream._closed:
-                return True
-            with contextlib.suppress(queue.Full):
-                stream._queue.put(item, timeout=0.1)
-                return True
-        return False
-
-
 def split_for_learners(
     source: Episodes | TaskSamples | TaskWindows | ray.data.DataIterator,
     num_learners: int,
@@ -365,6 +253,7 @@ def split_for_learners(
     materialize: bool = False,
     ranks: Sequence[int] | None = None,
     gamma: float | None = None,
+    cache_budget_mb: float | None = None,
 ) -> list[LearnerStream]:
     """Split ``source`` once into one repeatable stream per learner.
 
@@ -377,8 +266,11 @@ def split_for_learners(
     block order when materialized) and the rows inside each super-batch with
     ``seed + epoch``, and deal minibatches to the learners in turn.
 
-    ``materialize`` reads the selected columns once, now, into Ray's object store (which
-    spills to disk when full), so that later epochs skip reading and decoding Parquet.
+    Row streams keep the first epoch read to its end in memory and serve later epochs from
+    it, with the same batches a re-read gives, when the selected columns take at most
+    ``cache_budget_mb`` MiB (default: a quarter of Ray's object store; 0: read every epoch
+    from the files, two windows of files in memory at most). ``materialize`` reads the
+    selected columns once, now, into Ray's object store (which spills to disk when full).
     ``stall_timeout_s`` bounds how long a learner waits for data that a stopped learner
     holds up before ``StreamStalledError``. ``ranks`` builds only those learners' streams
     (a Ray Train worker passes its own rank): task samples only. ``gamma`` adds the
@@ -391,6 +283,11 @@ def split_for_learners(
     _check_int("superbatch_rows", superbatch_rows, 1)
     if stall_timeout_s <= 0:
         raise ValueError(f"stall_timeout_s must be > 0 seconds, got {stall_timeout_s}")
+    if cache_budget_mb is not None and not cache_budget_mb >= 0:
+        raise ValueError(
+            f"cache_budget_mb must be >= 0 MiB (0 reads every epoch from the files) or None "
+            f"(a quarter of Ray's object store), got {cache_budget_mb!r}"
+        )
     device = torch.device(device)
     ranks = list(range(num_learners)) if ranks is None else list(ranks)
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < num_learners for r in ranks):
@@ -399,10 +296,10 @@ def split_for_learners(
     extra_settings: dict[str, Any] = {}
     if isinstance(source, TaskSamples | TaskWindows):
         given = (columns, modules_to_update, gamma)
-        if any(value is not None for value in given) or materialize:
+        if any(value is not None for value in given) or materialize or cache_budget_mb is not None:
             raise ValueError(
                 "task samples come with their columns, modules_to_update and gamma chosen "
-                "by task_samples(); pass those there, and no materialize="
+                "by task_samples(); pass those there, and no materialize= or cache_budget_mb="
             )
         windowed = isinstance(source, TaskWindows)
         source_of_batches = (WindowTaskSource if windowed else TaskSource)(
@@ -435,9 +332,10 @@ def split_for_learners(
             materialize=materialize,
             pin_memory=device.type == "cuda",
             gamma=gamma,
+            cache_budget_mb=cache_budget_mb,
         )
         kind, rows_per_batch = "rows", minibatch_size
-    group = _Group(
+    group = StreamGroup(
         source=source_of_batches,
         ranks=ranks,
         settings={
@@ -450,6 +348,7 @@ def split_for_learners(
         rows_per_batch=rows_per_batch,
         device=device,
         stall_timeout_s=stall_timeout_s,
+        make_stream=LearnerStream,
     )
     return group.streams
 
@@ -457,9 +356,3 @@ def split_for_learners(
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _drain(items: queue.Queue) -> None:
-    with contextlib.suppress(queue.Empty):
-        while True:
-            items.get_nowait()

@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 
 from pipeline.batching import Batch, column_array, gather
 from pipeline.dataset import DatasetInfo, Episodes
-from pipeline.epoch_sources import check_modules, resolve_columns
 from pipeline.returns import INPUT_COLUMNS, returns_columns, split_derived
 from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
+from pipeline.selection import check_modules, resolve_columns
 
 if TYPE_CHECKING:
     from pipeline.task_windows import TaskWindows

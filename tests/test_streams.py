@@ -155,11 +155,11 @@ def test_restore_resumes_with_identical_batches(episodes):
 @pytest.mark.timeout(120)
 def test_reading_a_file_per_window_gives_the_same_batches(episodes, monkeypatch):
     """Windows (pipeline.read_ahead) decide when files are read, never the row order."""
-    [one_window] = _streams(episodes, seed=4)
+    [one_window] = _streams(episodes, seed=4, cache_budget_mb=0)
     with one_window:
         expected = _take_ids(one_window, 2 * PER_EPOCH)
     monkeypatch.setattr("pipeline.epoch_sources._WINDOW_BYTES", 1)
-    [windowed] = _streams(episodes, seed=4)
+    [windowed] = _streams(episodes, seed=4, cache_budget_mb=0)
     with windowed:
         got = _take_ids(windowed, 2 * PER_EPOCH)
 
@@ -171,14 +171,14 @@ def test_a_resume_across_the_epoch_boundary_while_reading_ahead_is_exact(episode
     """A file per window: when the state is saved, two minibatches before the end of epoch
     0, epoch 1's first window is already read ahead; state() counts taken batches only."""
     monkeypatch.setattr("pipeline.epoch_sources._WINDOW_BYTES", 1)
-    streams = _streams(episodes, 2, seed=6)
+    streams = _streams(episodes, 2, seed=6, cache_budget_mb=0)
     _lockstep(streams, PER_EPOCH // 2 - 2)
     saved = [stream.state() for stream in streams]
     expected = _lockstep(streams, 6)
     for stream in streams:
         stream.close()
     assert _stream_threads() == []
-    resumed = _streams(episodes, 2, seed=6)
+    resumed = _streams(episodes, 2, seed=6, cache_budget_mb=0)
     for stream, state in zip(resumed, saved, strict=True):
         stream.restore(state)
     got = _lockstep(resumed, 6)
