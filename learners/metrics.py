@@ -76,10 +76,13 @@ class _Stat:
         self.pending.clear()
 
     def result(self) -> tuple[float, int]:
-        """(value, weight for merging) without changing anything."""
+        """(value, weight for merging); what it reads stays the same values."""
         self.fold()
         if self.reduce == "mean":
             values = _floats(self.values)
+            # Kept as floats: a window read every few steps converts each value once, not
+            # once per read (a history point every 10 steps over a window of 100 did 10x).
+            self.values = deque(values, maxlen=self.window)
             return (sum(values) / len(values) if values else float("nan")), len(values)
         if self.reduce == "ema":
             return (float("nan") if self.ema is None else float(self.ema)), self.count

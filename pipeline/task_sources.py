@@ -73,37 +73,54 @@ class MetaBatches:
         steps = len(rows) // self.step
         for first in range(min(skip, steps), steps, self._per_deal):
             last = min(first + self._per_deal, steps)
-            batches = [
-                [
-                    self._meta_batch(take, rows, modules, j * self.step + rank * self.tasks)
-                    for j in range(first, last)
-                ]
-                for rank in self.ranks
+            starts = [
+                j * self.step + rank * self.tasks for rank in self.ranks for j in range(first, last)
             ]
-            yield Deal(batches, (last - first) * self.rows_per_batch * len(self.ranks), 0)
+            batches = self._meta_batches(take, rows, modules, np.asarray(starts))
+            per_rank = last - first
+            dealt = [batches[i * per_rank : (i + 1) * per_rank] for i in range(len(self.ranks))]
+            yield Deal(dealt, (last - first) * self.rows_per_batch * len(self.ranks), 0)
 
     def end(self, dropped_rows: int) -> Deal:
         """The epoch's last deal: no batch, the rows that no learner got."""
         return Deal([[] for _ in self.ranks], 0, dropped_rows)
 
-    def _meta_batch(
-        self, take: Take, rows: np.ndarray, modules: np.ndarray, start: int
-    ) -> dict[str, Batch]:
-        picked = rows[start : start + self.tasks]
-        picked_modules = modules[start : start + self.tasks]
-        if len(self.module_ids) > 1:
-            by_module = np.argsort(picked_modules, kind="stable")
-            picked, picked_modules = picked[by_module], picked_modules[by_module]
-        bounds = np.searchsorted(picked_modules, np.arange(len(self.module_ids) + 1))
+    def _meta_batches(
+        self, take: Take, rows: np.ndarray, modules: np.ndarray, starts: np.ndarray
+    ) -> list[dict[str, Batch]]:
+        """The meta-batches whose samples begin at ``starts``, gathered together: one
+        gather per column and part for the whole deal, then a view per meta-batch (Python
+        per meta-batch, in the producer's thread, slowed the learner's beside it)."""
+        samples = starts[:, None] + np.arange(self.tasks)
+        picked, picked_modules = rows[samples], modules[samples]
+        codes = np.arange(len(self.module_ids))
+        if len(codes) > 1:
+            # Each meta-batch's tasks grouped by module, in sample order within a module.
+            by_module = np.argsort(picked_modules, axis=1, kind="stable")
+            picked = np.take_along_axis(picked, by_module[..., None], axis=1)
+            picked_modules = np.take_along_axis(picked_modules, by_module, axis=1)
+        counts = (picked_modules[..., None] == codes).sum(axis=1)
+        bounds = np.concatenate([np.zeros((len(starts), 1), int), counts.cumsum(axis=1)], axis=1)
         k = self.support
-        meta: dict[str, Batch] = {"support": {}, "query": {}}
-        for part, index in (("support", picked[:, :k]), ("query", picked[:, k:])):
-            tensors = take(index)
-            for code, module in enumerate(self.module_ids):
-                lo, hi = int(bounds[code]), int(bounds[code + 1])
-                if hi > lo:
-                    meta[part][module] = {name: t[lo:hi] for name, t in tensors.items()}
-        return meta
+        parts = {
+            part: {name: t.unbind(0) for name, t in take(index).items()}
+            for part, index in (("support", picked[:, :, :k]), ("query", picked[:, :, k:]))
+        }
+        metas = []
+        for i, (lows, highs) in enumerate(
+            zip(bounds[:, :-1].tolist(), bounds[:, 1:].tolist(), strict=True)
+        ):
+            meta: dict[str, Batch] = {"support": {}, "query": {}}
+            for part, tensors in parts.items():
+                for module, lo, hi in zip(self.module_ids, lows, highs, strict=True):
+                    if hi > lo:
+                        whole = hi - lo == self.tasks
+                        meta[part][module] = {
+                            name: views[i] if whole else views[i][lo:hi]
+                            for name, views in tensors.items()
+                        }
+            metas.append(meta)
+        return metas
 
 
 class TaskSource:

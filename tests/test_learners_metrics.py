@@ -106,6 +106,21 @@ def test_sums_of_tensors_equal_adding_each_value_as_it_comes():
     assert logger.reduce() == {"total": float(expected), "period": float(period)}
 
 
+def test_a_window_read_often_gives_the_means_of_its_values_to_the_bit():
+    # Tensors and numbers mixed, read every 7 values (values read before are held as floats).
+    g = torch.Generator().manual_seed(1)
+    values = [v if i % 3 else float(v) for i, v in enumerate(torch.rand(60, generator=g))]
+    logger = MetricsLogger(window=20)
+    for index, value in enumerate(values):
+        logger.log("loss", value)
+        if index % 7 == 6 or index == len(values) - 1:
+            window = [float(v) for v in values[max(0, index - 19) : index + 1]]
+            assert logger.reduce(reset=False)["loss"] == sum(window) / len(window)
+    resumed = MetricsLogger(window=20)
+    resumed.set_state(logger.get_state())
+    assert resumed.peek("loss") == logger.peek("loss")
+
+
 def test_scopes_never_collide():
     root = MetricsLogger()
     first, second = root.scope("learner_0"), root.scope("learner_1")
