@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,23 @@ def write(path: Path, table: pa.Table) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
     return path
+
+
+def write_two_agents(directory: Path, bounds: list[int]) -> Path:
+    """Rows ``bounds[0] .. bounds[-1]`` of two agents, ``m0`` and ``m1`` (alternating rows),
+    in episodes of 5 steps each, one file per pair of consecutive bounds; ``rewards`` is the
+    row number."""
+    for part, (start, stop) in enumerate(itertools.pairwise(bounds)):
+        ids = np.arange(start, stop)
+        table = episode_table(
+            stop - start,
+            action_dim=None,
+            tasks=("only",),
+            eps_id=pa.array(ids // 10, pa.int64()),
+            t=pa.array(ids % 10 // 2, pa.int32()),
+            terminateds=pa.array(ids % 10 >= 8),
+            rewards=pa.array(ids.astype(np.float32)),
+            module_id=pa.array(np.where(ids % 2 == 0, "m0", "m1")).dictionary_encode(),
+        )
+        write(directory / f"part-{part}.parquet", table)
+    return directory

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from episode_files import episode_table, write
+from episode_files import write_two_agents
 
 from pipeline.dataset import read_episodes
 from pipeline.epoch_cache import FileTables
@@ -28,20 +28,7 @@ LOGGER = "pipeline.epoch_cache"
 
 def _write_rows(directory: Path) -> Path:
     """Two agents, ``m0`` and ``m1``, in three files of unequal sizes."""
-    for part, (start, stop) in enumerate([(0, 300), (300, 700), (700, ROWS)]):
-        ids = np.arange(start, stop)
-        table = episode_table(
-            stop - start,
-            action_dim=None,
-            tasks=("only",),
-            eps_id=pa.array(ids // 10, pa.int64()),
-            t=pa.array(ids % 10 // 2, pa.int32()),
-            terminateds=pa.array(ids % 10 >= 8),
-            rewards=pa.array(ids.astype(np.float32)),
-            module_id=pa.array(np.where(ids % 2 == 0, "m0", "m1")).dictionary_encode(),
-        )
-        write(directory / f"part-{part}.parquet", table)
-    return directory
+    return write_two_agents(directory, [0, 300, 700, ROWS])
 
 
 def _streams(episodes, num_learners=1, **options) -> list[LearnerStream]:

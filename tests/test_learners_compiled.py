@@ -19,7 +19,7 @@ import torch
 from tolerances import largest, rounding_tolerance, trajectory_tolerance
 from torch import nn
 
-from learners import MetaLearner, NonFiniteGradientError
+from learners import HISTORY_METRICS, MetaLearner, NonFiniteGradientError
 from learners.data_parallel import DataParallelMetaLearner
 
 F32 = torch.float32
@@ -28,16 +28,9 @@ _STEPS = 3
 # 5 rows and a query loss on 6 (each a few dot products of at most 8 terms and a mean), and
 # the second-order backward pass through both: about 4 * 100 < 500, both computations alike.
 _OPS = 500
-# Step metrics compared with the eager step's (the learned learning rates' among them).
-_COMPARED = (
-    "query_loss",
-    "support_loss_before",
-    "support_loss_after",
-    "grad_norm",
-    "inner_lr_mean",
-    "inner_lr_min",
-    "inner_lr_max",
-)
+# Step metrics compared with the eager step's: those kept in a run's history (the learned
+# learning rates' among them).
+_COMPARED = HISTORY_METRICS
 
 
 def _config(**overrides: Any) -> dict[str, Any]:

@@ -16,10 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
-from episode_files import episode_table, tensor, write
+from episode_files import episode_table, tensor, write, write_two_agents
 
 from pipeline.dataset import read_episodes
 from pipeline.schema import DatasetError
@@ -34,19 +33,7 @@ DROPPED = ROWS - PER_EPOCH * MINIBATCH
 def episodes(tmp_path_factory, ray_session):
     """Two agents, ``m0`` and ``m1``, each with a row for every step of every episode."""
     directory = tmp_path_factory.mktemp("rows")
-    for part, (start, stop) in enumerate([(0, 400), (400, ROWS)]):
-        ids = np.arange(start, stop)
-        table = episode_table(
-            stop - start,
-            action_dim=None,
-            tasks=("only",),
-            eps_id=pa.array(ids // 10, pa.int64()),
-            t=pa.array(ids % 10 // 2, pa.int32()),
-            terminateds=pa.array(ids % 10 >= 8),
-            rewards=pa.array(ids.astype(np.float32)),
-            module_id=pa.array(np.where(ids % 2 == 0, "m0", "m1")).dictionary_encode(),
-        )
-        write(directory / f"part-{part}.parquet", table)
+    write_two_agents(directory, [0, 400, ROWS])
     return read_episodes(directory)
 
 
