@@ -2,7 +2,7 @@
 
 A row stream's epoch is its files' rows in a seeded file order, re-cut into super-batches
 (``pipeline.epoch_sources``). Reading and decoding the Parquet files again every epoch
-costs a Ray Data execution per window and most of the cores. When the selected columns
+costs the read tasks of every window and most of the cores. When the selected columns
 fit a budget, the tables of the first epoch read to its end are kept, cut at file
 boundaries, and every later epoch chains them in its own file order: the same rows in the
 same order as a re-read, so the same batches, and resume stays exact.
