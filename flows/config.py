@@ -16,11 +16,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flows.config_text import ConfigError, apply_override, format_errors, one_line
 from learners.config import MetaConfig
 from pipeline.artifacts.errors import ArtifactNameError, UnsupportedRootError
 from pipeline.artifacts.names import validate_name
@@ -28,10 +29,6 @@ from pipeline.artifacts.roots import parse_root
 
 _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
-
-
-class ConfigError(ValueError):
-    """A config file, an override or a value was refused; one line per problem."""
 
 
 class DataConfig(BaseModel):
@@ -318,7 +315,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> MetaTrainCon
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"config {path} is not valid YAML: {_one_line(error)}") from None
+        raise ConfigError(f"config {path} is not valid YAML: {one_line(error)}") from None
     if document is None:
         document = {}
     if not isinstance(document, dict):
@@ -335,81 +332,8 @@ def validate_config(document: Mapping[str, Any], *, source: str = "config") -> M
     try:
         return MetaTrainConfig.model_validate(document)
     except ValidationError as error:
-        lines = format_errors(error)
+        lines = format_errors(error, MetaTrainConfig)
         raise ConfigError(
             f"invalid config {source} ({len(lines)} error{'s' if len(lines) > 1 else ''}):\n"
             + "\n".join(f"  {line}" for line in lines)
         ) from None
-
-
-def apply_override(document: dict[str, Any], override: str) -> None:
-    """Set ``a.b.c=value`` in ``document`` (nested dicts created as needed); the value is
-    parsed as YAML."""
-    key, sep, raw = override.partition("=")
-    parts = key.strip().split(".")
-    if not sep or not all(parts):
-        raise ConfigError(
-            f"--set {override!r}: expected KEY=VALUE with a dotted key, "
-            "e.g. --set learners.inner.lr=0.05"
-        )
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as error:
-        raise ConfigError(
-            f"--set {override!r}: value is not valid YAML: {_one_line(error)}"
-        ) from None
-    node = document
-    for depth, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            where = ".".join(parts[: depth + 1])
-            raise ConfigError(
-                f"--set {override!r}: {where} is {child!r}, not a section; cannot set "
-                f"{'.'.join(parts[depth + 1 :])} inside it"
-            )
-        node = child
-    node[parts[-1]] = value
-
-
-def format_errors(error: ValidationError) -> list[str]:
-    """One ``field.path: what is wrong (got VALUE)`` line per pydantic error."""
-    lines = []
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "<config>"
-        kind, message = item["type"], item["msg"]
-        if kind == "extra_forbidden":
-            lines.append(f"{where}: unknown field{_allowed(item['loc'])}")
-            continue
-        if kind == "missing":
-            lines.append(f"{where}: required field is missing")
-            continue
-        if kind in ("value_error", "assertion_error"):
-            # Validators (ours and learners.config's) already name the value they refused.
-            message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-            lines.append(f"{where}: {message}")
-            continue
-        found = item.get("input")
-        shown = "" if isinstance(found, dict | list) else f" (got {found!r})"
-        lines.append(f"{where}: {message}{shown}")
-    return lines
-
-
-def _allowed(loc: tuple[Any, ...]) -> str:
-    """``; expected one of: a, b`` for the section that holds the unknown key."""
-    model: Any = MetaTrainConfig
-    parts = list(loc[:-1])
-    while parts:
-        part = parts.pop(0)
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return ""
-        model = field.annotation
-        if get_origin(model) is dict and parts:
-            parts.pop(0)  # a key of the mapping, e.g. the module id in learners.modules
-            model = get_args(model)[1]
-    fields = getattr(model, "model_fields", None)
-    return f"; expected one of: {', '.join(sorted(fields))}" if fields else ""
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())
