@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # Run as a script, this folder comes first on sys.path and bench/learners.py would shadow the
@@ -178,14 +179,8 @@ def reference_steady(dataset, epochs: int) -> tuple[int, float]:
                 grouped = _group_per_module(batch)
                 counts[index] += sum(len(columns["obs"]) for columns in grouped.values())
 
-    threads = [threading.Thread(target=learn, args=(i,)) for i in range(LEARNERS)]
-    for thread in threads:
-        thread.start()
-    ready.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return sum(counts), time.perf_counter() - start
+    seconds = _timed_after_warm_up(learn, ready)
+    return sum(counts), seconds
 
 
 def rllib_steady(dataset, epochs: int) -> tuple[int, float] | None:
@@ -225,6 +220,13 @@ def rllib_steady(dataset, epochs: int) -> tuple[int, float] | None:
             for batch in minibatches:
                 counts[index] += batch.env_steps()
 
+    seconds = _timed_after_warm_up(learn, ready)
+    return sum(counts), seconds
+
+
+def _timed_after_warm_up(learn: Callable[[int], None], ready: threading.Barrier) -> float:
+    """Seconds from the moment every learner thread (``learn(index)``, one per learner) has
+    passed ``ready``, after its warm-up, until all of them finish."""
     threads = [threading.Thread(target=learn, args=(i,)) for i in range(LEARNERS)]
     for thread in threads:
         thread.start()
@@ -232,7 +234,7 @@ def rllib_steady(dataset, epochs: int) -> tuple[int, float] | None:
     start = time.perf_counter()
     for thread in threads:
         thread.join()
-    return sum(counts), time.perf_counter() - start
+    return time.perf_counter() - start
 
 
 def _flat_per_module(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

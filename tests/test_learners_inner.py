@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from references import reference_mse as _mse
 from tolerances import largest, rounding_tolerance
 from torch import nn
 from torch.func import functional_call, grad
@@ -24,13 +25,6 @@ F64 = torch.float64
 # steps (3 minibatches of 2) of about 100 each (the forward pass through the 3-8-2 net, the
 # loss over 6 rows, the backward pass, the update): 600 < 1,000.
 _OPS = 1_000
-
-
-def _mse(outputs: torch.Tensor, columns: dict) -> torch.Tensor:
-    """The reference MSE of model outputs to `actions` (what the built-in `mse` loss computes
-    from the module's forward)."""
-    target = columns["actions"]
-    return (outputs.reshape(target.shape) - target).square().mean()
 
 
 def _mlp(obs_dim: int = 3, out_dim: int = 2, seed: int = 0) -> nn.Module:

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from pydantic import ValidationError
+from references import FD_STEP, central_differences
 from tolerances import largest, rounding_tolerance
 
 from learners import MetaConfig, MetaLearner, ModuleCall, build_models, params_from_modules
@@ -23,7 +24,6 @@ POLICY, VALUE = "default_policy", "value"
 # its backward, the update), the query losses as many again, and the second-order backward
 # retraces every step: 2 * (2 * 2 + 1) * 150 = 1,500 < 2,000.
 _OPS = 2_000
-_FD_STEP = 1e-6
 
 
 def _config(**overrides) -> dict:
@@ -139,18 +139,7 @@ def _objective(learner: MetaLearner, meta_batch, module_id: str) -> float:
 
 
 def _finite_difference(learner, meta_batch, leaf, module_id):
-    flat = leaf.detach().view(-1)
-    estimate = torch.empty_like(flat)
-    for j in range(flat.numel()):
-        original = float(flat[j])
-        up, down = original + _FD_STEP, original - _FD_STEP
-        flat[j] = up
-        plus = _objective(learner, meta_batch, module_id)
-        flat[j] = down
-        minus = _objective(learner, meta_batch, module_id)
-        flat[j] = original
-        estimate[j] = (plus - minus) / (up - down)
-    return estimate.view_as(leaf)
+    return central_differences(lambda: _objective(learner, meta_batch, module_id), leaf)
 
 
 @pytest.mark.parametrize("steps", [1, 2])
@@ -175,7 +164,7 @@ def test_meta_gradient_matches_finite_differences_in_float64(steps):
         # A central difference errs by the rounding of its two losses over the step 2h, plus
         # h^2/6 times the third derivative (negligible at h = 1e-6).
         loss = abs(float(metrics[f"{module_id}/query_loss"]))
-        atol = rounding_tolerance(F64, magnitude=loss, ops=_OPS) / (2 * _FD_STEP)
+        atol = rounding_tolerance(F64, magnitude=loss, ops=_OPS) / (2 * FD_STEP)
         for leaf, analytic in pairs:
             numeric = _finite_difference(learner, meta_batch, leaf, module_id)
             torch.testing.assert_close(analytic, numeric, rtol=0, atol=atol)

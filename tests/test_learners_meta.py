@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from references import FD_STEP, central_differences
+from references import reference_mse as _mse
 from tolerances import largest, rounding_tolerance, trajectory_tolerance
 from torch import nn
 
@@ -18,13 +20,6 @@ F64 = torch.float64
 # at most 8 terms and a mean over the rows, then the update), the query loss as many again,
 # and the second-order backward pass retraces every step: 2 * (3 + 1) * 100 = 800 < 1,000.
 _OPS = 1_000
-
-
-def _mse(outputs: torch.Tensor, columns: dict) -> torch.Tensor:
-    """The reference MSE of model outputs to `actions` (what the built-in `mse` loss computes
-    from the module's forward)."""
-    target = columns["actions"]
-    return (outputs.reshape(target.shape) - target).square().mean()
 
 
 def _config(**overrides) -> dict:
@@ -53,22 +48,8 @@ def _meta_batch(tasks=4, k=5, q=6, seed=0, mids=("m",), obs_dim=1, act_dim=1, dt
     return {"support": part(k), "query": part(q)}
 
 
-_FD_STEP = 1e-6
-
-
 def _finite_difference(learner: MetaLearner, meta_batch, leaf: torch.Tensor, steps: int):
-    flat = leaf.detach().view(-1)
-    estimate = torch.empty_like(flat)
-    for j in range(flat.numel()):
-        original = float(flat[j])
-        up, down = original + _FD_STEP, original - _FD_STEP
-        flat[j] = up
-        plus = learner.evaluate(meta_batch, steps=(steps,))[steps]
-        flat[j] = down
-        minus = learner.evaluate(meta_batch, steps=(steps,))[steps]
-        flat[j] = original
-        estimate[j] = (plus - minus) / (up - down)  # the step actually taken, after rounding
-    return estimate.view_as(leaf)
+    return central_differences(lambda: learner.evaluate(meta_batch, steps=(steps,))[steps], leaf)
 
 
 @pytest.mark.parametrize("steps", [1, 3])
@@ -89,7 +70,7 @@ def test_meta_gradient_matches_finite_differences_in_float64(algorithm, steps):
     # plus h^2/6 times the third derivative (below 1e-12 times it here, negligible); the
     # analytic gradient's own rounding is smaller still.
     loss = float(metrics["query_loss"])
-    atol = rounding_tolerance(F64, magnitude=loss, ops=_OPS) / (2 * _FD_STEP)
+    atol = rounding_tolerance(F64, magnitude=loss, ops=_OPS) / (2 * FD_STEP)
     for leaf, analytic in pairs:
         numeric = _finite_difference(learner, meta_batch, leaf, steps)
         torch.testing.assert_close(analytic, numeric, rtol=0, atol=atol)
