@@ -374,10 +374,11 @@ class MetaLearner:
     ) -> tuple[dict[str, Tensor | int], InnerCheck | None]:
         """Step metrics from the per-task aux values, and, under inner.nonfinite='error' with
         vmap, what the inner updates met (the per-task loop raises at once instead)."""
-        metrics = self._task_metrics(aux, num_tasks)
+        # Per module: tasks with a non-finite inner step (the metric sums them).
+        counts = {m: (a["nonfinite"] > 0).sum() for m, a in aux.items()}
+        metrics = self._task_metrics(aux, counts, num_tasks)
         if self.config.inner.nonfinite != "error" or self.config.vectorize != "vmap":
             return metrics, None
-        counts = {m: (a["nonfinite"] > 0).sum() for m, a in aux.items()}
         zero = torch.zeros((), dtype=torch.int64, device=self.device)
         tasks = torch.stack([counts.get(m, zero) for m in self._trained])
         return metrics, InnerCheck(tasks, num_tasks)
@@ -453,10 +454,11 @@ class MetaLearner:
         return torch.stack(losses)
 
     def _task_metrics(
-        self, aux: dict[str, dict[str, Tensor]], num_tasks: int
+        self, aux: dict[str, dict[str, Tensor]], nonfinite: dict[str, Tensor], num_tasks: int
     ) -> dict[str, Tensor | int]:
         """Step metrics from per-module aux values shaped [tasks]: losses are means over
-        tasks summed over modules; inner_nonfinite_tasks counts tasks with a non-finite step."""
+        tasks summed over modules; inner_nonfinite_tasks sums `nonfinite`, each module's
+        count of tasks with a non-finite step."""
         # One reduction over tasks per module, of a [tasks, len(_AUX)] tensor whose columns are
         # named by _AUX at once: a column reduced on its own is summed in another order and
         # would change the reported losses in their last bit.
@@ -464,9 +466,7 @@ class MetaLearner:
         means = {m: dict(zip(_AUX, mean.unbind(), strict=True)) for m, mean in stacked.items()}
         total = dict(zip(_AUX, torch.stack(list(stacked.values())).sum(0).unbind(), strict=True))
         metrics: dict[str, Tensor | int] = {key: total[key] for key in _LOSSES}
-        metrics["inner_nonfinite_tasks"] = torch.stack(
-            [(a["nonfinite"] > 0).sum() for a in aux.values()]
-        ).sum()
+        metrics["inner_nonfinite_tasks"] = torch.stack(list(nonfinite.values())).sum()
         metrics["num_tasks"] = num_tasks
         if len(means) > 1:
             for m, mean in means.items():
