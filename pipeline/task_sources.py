@@ -164,8 +164,7 @@ class TaskSource:
         )
 
     def _take(self, index: np.ndarray) -> dict[str, torch.Tensor]:
-        arrays = self._samples.arrays
-        return {name: gather(array, index, self._pin_memory) for name, array in arrays.items()}
+        return _gather_all(self._samples.arrays, index, self._pin_memory)
 
 
 class _Carry(NamedTuple):
@@ -317,7 +316,7 @@ class WindowTaskSource:
         ``rows``, shuffled together; pool rows index the carried rows, then the window's."""
         if carry is None:
             arrays = window.arrays
-            return rows, modules, lambda index: self._gather(arrays, index)
+            return rows, modules, lambda index: _gather_all(arrays, index, self._pin_memory)
         offset = carry.held_rows
         pool_rows = np.concatenate((carry.rows, rows + offset))
         pool_modules = np.concatenate((carry.modules, modules))
@@ -343,9 +342,6 @@ class WindowTaskSource:
         self._rows_held = window_rows + (carry.held_rows if carry is not None else 0)
         self._max_rows_held = max(self._max_rows_held, self._rows_held)
 
-    def _gather(self, arrays: dict[str, np.ndarray], index: np.ndarray) -> dict[str, torch.Tensor]:
-        return {name: gather(array, index, self._pin_memory) for name, array in arrays.items()}
-
     def _seed_of(self, epoch: int, purpose: int, *keys: int) -> np.random.SeedSequence:
         return np.random.SeedSequence(self._seed + epoch, spawn_key=(purpose, *keys))
 
@@ -361,6 +357,12 @@ def _whole_rounds(carried: int, samples: int, step: int) -> int:
     if half < need:
         return need
     return need + (half - need) // step * step
+
+
+def _gather_all(
+    arrays: dict[str, np.ndarray], index: np.ndarray, pin_memory: bool
+) -> dict[str, torch.Tensor]:
+    return {name: gather(array, index, pin_memory) for name, array in arrays.items()}
 
 
 def _gather_two(

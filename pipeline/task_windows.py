@@ -31,17 +31,19 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.batching import column_array
 from pipeline.dataset import DatasetInfo
-from pipeline.returns import INPUT_COLUMNS, returns_columns
 from pipeline.schema import DatasetError, EpisodeSchema
 from pipeline.task_order import Piece, Span, task_spans
 from pipeline.tasks import (
     TaskSamples,
     check_task_sizes,
+    decoded,
     group_rows,
+    grouped_samples,
     no_rows_message,
+    read_names,
     sort_by_task,
+    with_inputs,
 )
 
 _COPIES = 4
@@ -130,35 +132,21 @@ class TaskWindows:
                 f"sampled modules, but {window.held_rows} when task_samples planned it; "
                 "the files changed since: build the task samples again"
             )
-        groups = group_rows(table)
-        size = self.support + self.query
-        counts = np.diff(groups.offsets)
-        small = counts < size
-        stored = self.columns[: len(self.columns) - len(self.derived)]
-        arrays = {name: column_array(table, name) for name in stored}
-        if self.derived:
-            assert self.gamma is not None  # task_samples derives columns only with gamma
-            derived = returns_columns(table, self.gamma)
-            arrays.update({name: derived[name] for name in self.derived})
-        return TaskSamples(
+        return grouped_samples(
+            table,
+            group_rows(table),
             support=self.support,
             query=self.query,
-            columns=self.columns,
-            task_ids=tuple(sorted({t for t, s in zip(groups.tasks, small, strict=True) if not s})),
+            stored=self._stored,
+            derived=self.derived,
+            gamma=self.gamma,
             module_ids=self.module_ids,
             skipped_tasks={},
             fingerprint=self.fingerprint,
-            arrays=arrays,
-            group_offsets=groups.offsets,
-            group_modules=np.array(
-                [self.module_ids.index(m) for m in groups.modules], dtype=np.int64
-            ),
-            group_samples=np.where(small, 0, counts // size),
         )
 
     def _read_rows(self, window: Window) -> pa.Table:
-        stored = self.columns[: len(self.columns) - len(self.derived)]
-        names = _read_names(self.schema, _with_inputs(stored, self.derived))
+        names = read_names(self.schema, with_inputs(self._stored, self.derived))
         on_disk = [self.schema.column_map.get(name, name) for name in names]
         parts = []
         for file_index in dict.fromkeys(piece.file for piece in window.pieces):
@@ -173,8 +161,12 @@ class TaskWindows:
             table = table.set_column(names.index("t"), "t", pc.cast(table.column("t"), pa.int32()))
         if self.modules is not None and self.schema.has_module_id:
             wanted = pa.array(sorted(self.modules))
-            table = table.filter(pc.is_in(_decoded(table.column("module_id")), wanted))
+            table = table.filter(pc.is_in(decoded(table.column("module_id")), wanted))
         return table
+
+    @property
+    def _stored(self) -> tuple[str, ...]:
+        return self.columns[: len(self.columns) - len(self.derived)]
 
     def _files_of(self, window: Window) -> str:
         return ", ".join(dict.fromkeys(self.files[piece.file] for piece in window.pieces))
@@ -200,7 +192,7 @@ def plan_task_windows(
     """Plan the windows of ``info``'s tasks for ``memory_budget_mb`` (see the module);
     ``columns`` are stored ones, ``derived`` are computed per window with ``gamma``."""
     schema = info.schema
-    row_bytes = _row_bytes(info, _read_names(schema, _with_inputs(columns, derived)))
+    row_bytes = _row_bytes(info, read_names(schema, with_inputs(columns, derived)))
     row_bytes += _DERIVED_BYTES * len(derived)
     window_rows = max(1, int(memory_budget_mb * _MB // (_COPIES * row_bytes)))
     spans = task_spans(info)
@@ -296,15 +288,6 @@ def _merged(pieces: list[Piece]) -> tuple[Piece, ...]:
     return tuple(merged)
 
 
-def _with_inputs(columns: tuple[str, ...], derived: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys((*columns, *INPUT_COLUMNS))) if derived else columns
-
-
-def _read_names(schema: EpisodeSchema, columns: tuple[str, ...]) -> list[str]:
-    ids = [name for name in ("module_id", "task_id") if getattr(schema, f"has_{name}")]
-    return list(dict.fromkeys([*columns, *ids, "eps_id", "t"]))
-
-
 def _row_bytes(info: DatasetInfo, names: list[str] | tuple[str, ...]) -> int:
     schema = pq.read_schema(info.files[0], filesystem=info.filesystem)
     column_map = info.schema.column_map
@@ -324,9 +307,3 @@ def _width(arrow_type: pa.DataType) -> int:
         return max(1, arrow_type.bit_width // 8)
     except ValueError:
         return _STRING_BYTES
-
-
-def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    if pa.types.is_dictionary(column.type):
-        return column.cast(column.type.value_type)
-    return column

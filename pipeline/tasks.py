@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from pipeline.batching import Batch, column_array, gather
 from pipeline.dataset import DatasetInfo, Episodes
 from pipeline.returns import INPUT_COLUMNS, returns_columns, split_derived
-from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
+from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError, EpisodeSchema
 from pipeline.selection import check_modules, resolve_columns
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ def task_samples(
         )
     stored, derived = split_derived(columns, gamma)
     chosen = resolve_columns(episodes.schema, stored)
-    read = tuple(dict.fromkeys((*chosen, *INPUT_COLUMNS))) if derived else chosen
+    read = with_inputs(chosen, derived)
     modules = check_modules(modules_to_update, tuple(episodes.module_ids))
     if memory_budget_mb is not None and (
         mode == "stream"
@@ -205,30 +205,21 @@ def task_samples(
     if table.num_rows == 0:
         raise DatasetError(no_rows_message(modules))
     groups = group_rows(table)
-    size = support + query
     counts = np.diff(groups.offsets)
-    module_ids = tuple(sorted(set(groups.modules)))
     skipped = check_task_sizes(
         groups.tasks, groups.modules, counts, support, query, skip_small_tasks
     )
-    small = counts < size
-    arrays = {name: column_array(table, name) for name in chosen}
-    if derived:
-        assert gamma is not None  # split_derived refuses derived columns without it
-        # Rows are in (module, task, episode, t) order: every episode is contiguous.
-        arrays.update({k: v for k, v in returns_columns(table, gamma).items() if k in derived})
-    return TaskSamples(
+    return grouped_samples(
+        table,
+        groups,
         support=support,
         query=query,
-        columns=(*chosen, *derived),
-        task_ids=tuple(sorted({t for t, s in zip(groups.tasks, small, strict=True) if not s})),
-        module_ids=module_ids,
+        stored=chosen,
+        derived=derived,
+        gamma=gamma,
+        module_ids=tuple(sorted(set(groups.modules))),
         skipped_tasks=skipped,
         fingerprint=getattr(episodes, "fingerprint", None),
-        arrays=arrays,
-        group_offsets=groups.offsets,
-        group_modules=np.array([module_ids.index(m) for m in groups.modules], dtype=np.int64),
-        group_samples=np.where(small, 0, counts // size),
     )
 
 
@@ -244,7 +235,7 @@ class RowGroups(NamedTuple):
 def sort_by_task(table: pa.Table) -> pa.Table:
     """``table`` sorted by (module, task, eps_id, t): an order that no file order changes."""
     ids = [name for name in ("module_id", "task_id") if name in table.column_names]
-    keys = {name: _decoded(table.column(name)) for name in [*ids, "eps_id", "t"]}
+    keys = {name: decoded(table.column(name)) for name in [*ids, "eps_id", "t"]}
     if _in_order(list(keys.values())):
         return table  # sorted on disk already (import and compact write it so): no copy
     order = pc.sort_indices(pa.table(keys), sort_keys=[(name, "ascending") for name in keys])
@@ -264,6 +255,45 @@ def group_rows(table: pa.Table) -> RowGroups:
         offsets=np.concatenate((starts, [table.num_rows])),
         tasks=tasks.take(pa.array(starts)).to_pylist(),
         modules=modules.take(pa.array(starts)).to_pylist(),
+    )
+
+
+def grouped_samples(
+    table: pa.Table,
+    groups: RowGroups,
+    *,
+    support: int,
+    query: int,
+    stored: tuple[str, ...],
+    derived: tuple[str, ...],
+    gamma: float | None,
+    module_ids: tuple[str, ...],
+    skipped_tasks: dict[str, int],
+    fingerprint: str | None,
+) -> TaskSamples:
+    """``TaskSamples`` of a table sorted by ``sort_by_task`` whose groups are ``groups``:
+    its ``stored`` columns, then the ``derived`` ones computed with ``gamma``."""
+    size = support + query
+    counts = np.diff(groups.offsets)
+    small = counts < size
+    arrays = {name: column_array(table, name) for name in stored}
+    if derived:
+        assert gamma is not None  # split_derived refuses derived columns without it
+        # Rows are in (module, task, episode, t) order: every episode is contiguous.
+        computed = returns_columns(table, gamma)
+        arrays.update({name: computed[name] for name in derived})
+    return TaskSamples(
+        support=support,
+        query=query,
+        columns=(*stored, *derived),
+        task_ids=tuple(sorted({t for t, s in zip(groups.tasks, small, strict=True) if not s})),
+        module_ids=module_ids,
+        skipped_tasks=skipped_tasks,
+        fingerprint=fingerprint,
+        arrays=arrays,
+        group_offsets=groups.offsets,
+        group_modules=np.array([module_ids.index(m) for m in groups.modules], dtype=np.int64),
+        group_samples=np.where(small, 0, counts // size),
     )
 
 
@@ -299,14 +329,31 @@ def no_rows_message(modules: Collection[str] | None) -> str:
     return f"task_samples: no rows of modules {sorted(modules or [])} in the data"
 
 
+def with_inputs(columns: tuple[str, ...], derived: tuple[str, ...]) -> tuple[str, ...]:
+    """``columns`` and, when columns are derived, the stored ones they are derived from."""
+    return tuple(dict.fromkeys((*columns, *INPUT_COLUMNS))) if derived else columns
+
+
+def read_names(schema: EpisodeSchema, columns: tuple[str, ...]) -> list[str]:
+    """``columns`` and those that order and group the rows by task."""
+    ids = [name for name in ("module_id", "task_id") if getattr(schema, f"has_{name}")]
+    return list(dict.fromkeys([*columns, *ids, "eps_id", "t"]))
+
+
+def decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` with dictionary-encoded values decoded."""
+    if pa.types.is_dictionary(column.type):
+        return column.cast(column.type.value_type)
+    return column
+
+
 def _read_sorted(
     episodes: Episodes, columns: tuple[str, ...], modules: frozenset[str] | None
 ) -> pa.Table:
     from ray.data.expressions import col
 
     schema = episodes.schema
-    ids = [name for name in ("module_id", "task_id") if getattr(schema, f"has_{name}")]
-    dataset = episodes.dataset.select_columns(list(dict.fromkeys([*columns, *ids, "eps_id", "t"])))
+    dataset = episodes.dataset.select_columns(read_names(schema, columns))
     if modules is not None and schema.has_module_id:
         dataset = dataset.filter(expr=col("module_id").is_in(sorted(modules)))
     parts = list(dataset.iter_batches(batch_size=None, batch_format="pyarrow"))
@@ -329,16 +376,10 @@ def _in_order(keys: list[pa.ChunkedArray]) -> bool:
     return pc.all(ordered).as_py()
 
 
-def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    if pa.types.is_dictionary(column.type):
-        return column.cast(column.type.value_type)
-    return column
-
-
 def _strings(table: pa.Table, name: str, default: str) -> pa.Array:
     if name not in table.column_names:
         return pa.array([default] * table.num_rows, pa.string())
-    return _decoded(table.column(name)).combine_chunks()
+    return decoded(table.column(name)).combine_chunks()
 
 
 def _small_tasks_message(skipped: dict[str, int], support: int, query: int, total: int) -> str:
