@@ -36,15 +36,12 @@ from typing import Any, TypeVar
 # `learners` package; the repository root must come first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# Run as a script, this folder comes first on sys.path and bench/learners.py would shadow the
-# `learners` package; the repository root must come first.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 from safetensors.torch import load_file, save, save_file
 
 from bench.records import Baseline, write_record
 from pipeline.artifacts import ArtifactRef, ArtifactStore
+from pipeline.artifacts.fsio import fsync_file
 
 Params = dict[str, dict[str, torch.Tensor]]
 T = TypeVar("T")
@@ -105,11 +102,7 @@ def put_and_get(client: Any, key: str, data: bytes) -> None:
 
 def save_and_sync(tensors: dict[str, torch.Tensor], path: Path) -> None:
     save_file(tensors, str(path))
-    handle = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
+    fsync_file(path)
 
 
 def load_and_hash(path: Path) -> None:

@@ -30,7 +30,7 @@ def s3_filesystem(uri: str) -> tuple[pafs.S3FileSystem, str]:
     bucket = path.split("/", 1)[0]
     if not bucket:
         raise DatasetError(f"{uri!r} names no bucket; expected s3://BUCKET/PREFIX")
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = _endpoint()
     options: dict[str, str] = {}
     if endpoint:
         options["endpoint_override"] = endpoint
@@ -67,8 +67,11 @@ def s3_filesystem(uri: str) -> tuple[pafs.S3FileSystem, str]:
 
 def s3_error(uri: str, exc: OSError) -> DatasetError:
     """``exc``, raised by an S3 request made for ``uri``, as a ``DatasetError`` naming it."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return DatasetError(_unreadable(uri, endpoint or "Amazon S3", exc))
+    return DatasetError(_unreadable(uri, _endpoint() or "Amazon S3", exc))
+
+
+def _endpoint() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
 def _unreadable(uri: str, where: str, exc: OSError) -> str:

@@ -28,6 +28,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+OFFMETA = [sys.executable, "-c", "from flows.cli import run; run()"]
+"""This checkout's ``offmeta`` command (the installed console script may be another's)."""
+
 _SERIAL_SERVER = """
 import sys
 from werkzeug.serving import run_simple
@@ -88,6 +92,19 @@ def client_environment(endpoint: str) -> dict[str, str]:
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
     }
+
+
+def run_in_repo(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``argv`` in a fresh process at the repository root, importing this checkout and seeing
+    the AWS variables the fixtures set, as a user's shell would run it; output as text."""
+    return subprocess.run(
+        argv,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _free_port() -> int:

@@ -3,10 +3,8 @@ the CLI lines and the consumer one-liner of the bash block that uses s3://models
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 import torch
 
 from pipeline.artifacts import ArtifactStore
+from tests.s3_server import OFFMETA, run_in_repo
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[1]
@@ -40,16 +39,8 @@ def test_the_readme_s3_commands_run_as_written(s3_endpoint):
     outputs = []
     for line in lines[2:]:
         words = shlex.split(line, comments=True)
-        offmeta = [sys.executable, "-c", "from flows.cli import run; run()"]
-        program = {"offmeta": offmeta, "python": [sys.executable]}
-        result = subprocess.run(
-            program[words[0]] + words[1:],
-            cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        program = {"offmeta": OFFMETA, "python": [sys.executable]}
+        result = run_in_repo(program[words[0]] + words[1:])
         assert result.returncode == 0, (line, result.stderr)
         outputs.append(result.stdout)
     assert "sinusoid-maml" in outputs[0]

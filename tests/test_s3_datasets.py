@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shlex
 import shutil
 import socket
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -33,6 +30,7 @@ from pipeline.importers.source_files import natural_key
 from pipeline.schema import DatasetError
 from pipeline.streams import split_for_learners
 from pipeline.tasks import task_samples
+from tests.s3_server import OFFMETA, run_in_repo
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / "data" / "samples" / "point_robot" / "train"
@@ -66,14 +64,7 @@ def remote(s3_endpoint, bucket) -> str:
 
 
 def test_validate_on_the_command_line_names_the_s3_root(remote):
-    result = subprocess.run(
-        [sys.executable, "-c", "from flows.cli import run; run()", "data", "validate", remote],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_in_repo([*OFFMETA, "data", "validate", remote])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == f"{remote}: OK"
@@ -283,14 +274,7 @@ def test_the_data_readme_s3_commands_run(s3_endpoint, tmp_path):
     for line in lines[2:]:
         words = shlex.split(line.replace("/tmp/", f"{tmp_path}/"), comments=True)
         assert words[0] == "offmeta"
-        result = subprocess.run(
-            [sys.executable, "-c", "from flows.cli import run; run()", *words[1:]],
-            cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        result = run_in_repo([*OFFMETA, *words[1:]])
         assert result.returncode == 0, (line, result.stderr)
     assert inspect_episodes(tmp_path / "cartpole").num_rows == 128
     compacted = inspect_episodes(tmp_path / "robot-compacted")
