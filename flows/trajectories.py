@@ -26,6 +26,7 @@ from flows.config import EvaluationConfig
 from learners.meta import MetaLearner
 from learners.meta_batch import task_slice
 from learners.models import build_models
+from pipeline.arrow_columns import decoded
 from pipeline.batching import column_array
 from pipeline.dataset import Episodes
 from pipeline.synthetic.point_robot import expert_actions, rollout_paths
@@ -131,13 +132,13 @@ def _behavior_episodes(heldout: Episodes, task_ids: Sequence[str]) -> dict[str, 
     if not parts:
         return found
     table = pa.concat_tables(parts)
-    keys = pa.table({name: _decoded(table.column(name)) for name in ("task_id", "eps_id", "t")})
+    keys = pa.table({name: decoded(table.column(name)) for name in ("task_id", "eps_id", "t")})
     table = table.take(
         pc.sort_indices(keys, sort_keys=[(n, "ascending") for n in keys.column_names])
     )
-    task_of = _decoded(table.column("task_id")).to_pylist()
+    task_of = decoded(table.column("task_id")).to_pylist()
     episode_of = table.column("eps_id").to_pylist()
-    labels = _decoded(table.column(BEHAVIOR_COLUMN)).to_pylist()
+    labels = decoded(table.column(BEHAVIOR_COLUMN)).to_pylist()
     obs = column_array(table, "obs")
     new_obs = column_array(table, "new_obs") if "new_obs" in table.column_names else None
     rewards = column_array(table, "rewards")
@@ -159,12 +160,6 @@ def _behavior_episodes(heldout: Episodes, task_ids: Sequence[str]) -> dict[str, 
             }
         )
     return found
-
-
-def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    if pa.types.is_dictionary(column.type):
-        return column.cast(column.type.value_type)
-    return column
 
 
 TRAJECTORIES: dict[str, Callable[..., dict[str, Any]]] = {"point_robot": point_robot_trajectories}

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.arrow_columns import decoded
 from pipeline.schema import DatasetError
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def returns_columns(table: pa.Table, gamma: float) -> dict[str, np.ndarray]:
     keys = [name for name in ("module_id", "eps_id") if name in table.column_names]
     changed = None
     for name in keys:
-        values = _decoded(table.column(name))
+        values = decoded(table.column(name))
         step = pc.not_equal(values.slice(1), values.slice(0, n - 1))
         changed = step if changed is None else pc.or_(changed, step)
     starts = np.concatenate(([0], np.flatnonzero(_numpy_bool(changed)) + 1))
@@ -122,10 +123,10 @@ class ReturnsIndex:
     def __init__(self, table: pa.Table, gamma: float) -> None:
         """``table``: the ``INPUT_COLUMNS`` of every row (and ``module_id`` if the dataset
         has one), in any order."""
-        episodes = _decoded(table.column("eps_id")).combine_chunks()
+        episodes = decoded(table.column("eps_id")).combine_chunks()
         self._names = None if pa.types.is_integer(episodes.type) else pc.unique(episodes)
         self._modules = (
-            pc.unique(_decoded(table.column("module_id")).combine_chunks())
+            pc.unique(decoded(table.column("module_id")).combine_chunks())
             if "module_id" in table.column_names
             else None
         )
@@ -157,7 +158,7 @@ class ReturnsIndex:
     def add_to(self, table: pa.Table, columns: Sequence[str]) -> pa.Table:
         """``table`` (with ``eps_id``, ``t`` and, in a dataset with modules, ``module_id``)
         plus the derived ``columns`` of its rows."""
-        codes = self._codes(_decoded(table.column("eps_id")).combine_chunks())
+        codes = self._codes(decoded(table.column("eps_id")).combine_chunks())
         t = table.column("t").to_numpy().astype(np.int64)
         keys, known = self._keys(table, codes, t)
         where = np.searchsorted(self._keys_sorted, keys)
@@ -206,7 +207,7 @@ class ReturnsIndex:
         known = (episode >= 0) & (episode < self._c_span) & (step >= 0) & (step < self._span)
         if self._modules is not None:
             modules = pc.index_in(
-                _decoded(table.column("module_id")).combine_chunks(), value_set=self._modules
+                decoded(table.column("module_id")).combine_chunks(), value_set=self._modules
             )
             module = pc.fill_null(modules, -1).to_numpy().astype(np.int64)
             known &= module >= 0
@@ -226,12 +227,6 @@ def returns_index(episodes: Episodes, gamma: float) -> ReturnsIndex:
     dataset = episodes.dataset.select_columns([*modules, *INPUT_COLUMNS])
     parts = list(dataset.iter_batches(batch_size=None, batch_format="pyarrow"))
     return ReturnsIndex(pa.concat_tables(parts), gamma)
-
-
-def _decoded(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    if pa.types.is_dictionary(column.type):
-        return column.cast(column.type.value_type)
-    return column
 
 
 def _numpy_bool(values: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.arrow_columns import decoded
 from pipeline.dataset import DatasetInfo
 from pipeline.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
 
@@ -130,19 +131,13 @@ def _only_value(
 def _ids(table: pa.Table, column: str | None, default: str, path: str, group: int) -> pa.Array:
     if column is None:
         return pa.array([default] * table.num_rows, pa.string())
-    values = _decoded(table.column(column)).combine_chunks()
+    values = decoded(table.column(column)).combine_chunks()
     if values.null_count:
         raise DatasetError(
             f"{path}: column {column!r} has {values.null_count} null values in row group "
             f"{group}; expected an id on every row"
         )
     return values
-
-
-def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    if pa.types.is_dictionary(column.type):
-        return column.cast(column.type.value_type)
-    return column
 
 
 def _unsorted_message(

@@ -31,13 +31,13 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline.arrow_columns import decoded
 from pipeline.dataset import DatasetInfo
 from pipeline.schema import DatasetError, EpisodeSchema
 from pipeline.task_order import Piece, Span, task_spans
 from pipeline.tasks import (
     TaskSamples,
     check_task_sizes,
-    decoded,
     group_rows,
     grouped_samples,
     no_rows_message,

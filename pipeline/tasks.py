@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.arrow_columns import decoded
 from pipeline.batching import Batch, column_array, gather
 from pipeline.dataset import DatasetInfo, Episodes
 from pipeline.returns import INPUT_COLUMNS, returns_columns, split_derived
@@ -338,13 +339,6 @@ def read_names(schema: EpisodeSchema, columns: tuple[str, ...]) -> list[str]:
     """``columns`` and those that order and group the rows by task."""
     ids = [name for name in ("module_id", "task_id") if getattr(schema, f"has_{name}")]
     return list(dict.fromkeys([*columns, *ids, "eps_id", "t"]))
-
-
-def decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """``column`` with dictionary-encoded values decoded."""
-    if pa.types.is_dictionary(column.type):
-        return column.cast(column.type.value_type)
-    return column
 
 
 def _read_sorted(
