@@ -26,10 +26,10 @@ from pipeline.artifacts.errors import LockTimeoutError
 _READ_ONLY = 0o444
 
 
-def temp_path(tmp_dir: Path, suffix: str = "") -> Path:
+def temp_path(tmp_dir: Path) -> Path:
     """A fresh name in ``tmp_dir``; the pid prefix says which process left it there."""
     tmp_dir.mkdir(parents=True, exist_ok=True)
-    return tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex}{suffix}.part"
+    return tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex}.part"
 
 
 def write_temp(tmp_dir: Path, data: bytes, *, durable: bool) -> Path:

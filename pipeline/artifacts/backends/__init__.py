@@ -90,7 +90,7 @@ class Backend(Protocol):
         as the backend can."""
         ...
 
-    def staging_file(self, suffix: str = "") -> Path:
+    def staging_file(self) -> Path:
         """A fresh local path to write a large file to before ``store_blob``."""
         ...
 

@@ -124,8 +124,8 @@ class LocalBackend:
         finally:
             fsio.remove_quietly(staged)
 
-    def staging_file(self, suffix: str = "") -> Path:
-        return fsio.temp_path(self._tmp, suffix)
+    def staging_file(self) -> Path:
+        return fsio.temp_path(self._tmp)
 
     def list(self, prefix: str, start_after: str | None = None) -> list[ObjectInfo]:
         base = self._path(prefix)

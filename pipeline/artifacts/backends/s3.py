@@ -139,8 +139,8 @@ class S3Backend:
         if not self._refresh(blob):
             self._upload(blob, ChunkReader(buffers))
 
-    def staging_file(self, suffix: str = "") -> Path:
-        handle, name = tempfile.mkstemp(prefix=f"offmeta-{os.getpid()}-", suffix=f"{suffix}.part")
+    def staging_file(self) -> Path:
+        handle, name = tempfile.mkstemp(prefix=f"offmeta-{os.getpid()}-", suffix=".part")
         os.close(handle)
         return Path(name)
 
