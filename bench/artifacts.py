@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save, save_file
 
 from bench.records import Baseline, write_record
 from pipeline.artifacts import ArtifactRef, ArtifactStore
-from pipeline.artifacts.fsio import fsync_file
+from pipeline.io.fsio import fsync_file
 
 Params = dict[str, dict[str, torch.Tensor]]
 T = TypeVar("T")
@@ -114,7 +114,6 @@ def load_and_hash(path: Path) -> None:
 def s3_rounds(params: Params, rounds: int) -> tuple[list[float], list[float]]:
     """Per round: store publish + load_params, and plain put_object + get_object, seconds."""
     import boto3
-
     from tests.s3_server import client_environment, moto_server
 
     store_times, plain_times = [], []

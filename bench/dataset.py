@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from pipeline.dataset import inspect_episodes
+from pipeline.reads.episodes import inspect_episodes
 from pipeline.synthetic import PointRobotTasks, generate
 
 ROUNDS = 3

@@ -1,6 +1,6 @@
 """The flow's training loop against the learner alone on the same meta-batches, same run.
 
-`flows.training.train` on the sinusoid config (the shipped sample, 25 tasks x K = Q = 10,
+`flows.stages.train.train` on the sinusoid config (the shipped sample, 25 tasks x K = Q = 10,
 1-40-40-1, checkpoints every 500 iterations, a progress line every 200) reports its own
 iterations/s; the baseline is a fresh `MetaLearner` stepping through the same first N
 meta-batches, taken beforehand from a stream built the same way. Rounds alternate the two
@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.records import Baseline, write_record
-from flows.runtime import set_quiet_environment
+from flows.runs.runtime import set_quiet_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 _RATE = re.compile(r"\| ([0-9.]+) it/s \|")
@@ -59,7 +59,7 @@ class _Lines(logging.Handler):
 
 def _flow_rate(cfg, data, run_dir: Path) -> float:
     """Iterations/s of the flow's training loop, as its own last progress line reports."""
-    from flows.training import train
+    from flows.stages.train import train
 
     logger = logging.getLogger("bench.flow.train")
     logger.propagate = False
@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from flows.training import build_task_samples
-    from pipeline.dataset import read_episodes
-    from pipeline.streams import split_for_learners
+    from flows.stages.train import build_task_samples
+    from pipeline.reads.episodes import read_episodes
+    from pipeline.streams.learner_stream import split_for_learners
 
     torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     write_record(
         "flow",
         "1-sinusoid-loop",
-        "flows.training.train, its own progress it/s (median of the rounds); ratio: median of "
+        "flows.stages.train.train, its own progress it/s (median of the rounds); ratio: median of "
         "the rounds' ratios",
         statistics.median(flow),
         "it/s",

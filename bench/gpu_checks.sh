@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 status=0
 python3 -m pytest -p no:cacheprovider -q -o addopts="" tests/test_cuda.py \
-    tests/test_batching.py 2>&1 | tee "$out/tests.log" || status=1
+    tests/pipeline/streams/test_collate.py 2>&1 | tee "$out/tests.log" || status=1
 python3 bench/learners.py --device cuda --shapes "${SHAPES:-sinusoid,large,one-task}" 2>&1 \
     | tee "$out/bench.log" || status=1
 python3 bench/learners.py --device cuda --float32-matmul tf32 --shapes "${TF32_SHAPES:-large}" \

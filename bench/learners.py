@@ -58,10 +58,10 @@ from learners import (
     mse_loss,
     params_from_modules,
 )
-from learners.graph_memory import saved_tensor_bytes
-from learners.inner_rule import InnerRule, build_inner_rule
+from learners.inner.rule import InnerRule, build_inner_rule
+from learners.meta.graph_memory import saved_tensor_bytes
+from learners.meta.precision import float32_matmul
 from learners.params import buffers_from_modules, map_params
-from learners.precision import float32_matmul
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "sinusoid"
 

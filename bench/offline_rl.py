@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.records import Baseline, write_record
-from flows.runtime import set_quiet_environment
+from flows.runs.runtime import set_quiet_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "flows" / "configs" / "point_robot_macaw.yaml"
@@ -85,8 +85,8 @@ def _config(algorithm: str, seed: int, iterations: int, run_dir: Path) -> Any:
 
 
 def _train_and_evaluate(cfg: Any, datasets: Any, run_dir: Path) -> dict[str, float]:
-    from flows.evaluation import evaluate
-    from flows.training import train
+    from flows.stages.evaluation import evaluate
+    from flows.stages.train import train
 
     quiet = logging.getLogger("offline_rl")
     quiet.setLevel(logging.WARNING)
@@ -107,8 +107,8 @@ def main() -> None:
     set_quiet_environment()
     import torch
 
-    from flows.datasets import validate_datasets
-    from flows.runtime import ray_session
+    from flows.runs.runtime import ray_session
+    from flows.stages.datasets import validate_datasets
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:

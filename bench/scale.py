@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.records import Baseline, write_record
-from flows.runtime import set_quiet_environment
+from flows.runs.runtime import set_quiet_environment
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "sinusoid"
 SHORT = 50
@@ -58,7 +58,7 @@ def _config(run_dir: Path, learners: int, iterations: int):
 
 def _seconds(data, root: Path, learners: int, iterations: int) -> float:
     from flows.scale_out import train_on_ray
-    from flows.training import train
+    from flows.stages.train import train
 
     run_dir = root / f"learners-{learners}-iterations-{iterations}"
     cfg = _config(run_dir, learners, iterations)
@@ -77,7 +77,7 @@ def main() -> None:
     import ray
     import torch
 
-    from pipeline.dataset import read_episodes
+    from pipeline.reads.episodes import read_episodes
 
     # Each Ray Train worker computes with one thread (its CPU share is below 2); the
     # in-process learner does the same, so the rows compare like with like. (With two

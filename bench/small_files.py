@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.records import ROOT, Baseline, write_record
-from flows.runtime import set_quiet_environment
+from flows.runs.runtime import set_quiet_environment
 
 set_quiet_environment()
 
@@ -158,8 +158,8 @@ def validate_seconds(directory: Path) -> tuple[float, str]:
 
 def stream_epoch(directory: Path) -> tuple[int, float, float]:
     """Rows, seconds of one stream epoch, and the seconds ``read_episodes`` took first."""
-    from pipeline.dataset import read_episodes
-    from pipeline.streams import split_for_learners
+    from pipeline.reads.episodes import read_episodes
+    from pipeline.streams.learner_stream import split_for_learners
 
     start = time.perf_counter()
     episodes = read_episodes(directory)
@@ -188,7 +188,7 @@ def main() -> None:
 def run(root: Path, files: int, rounds: int) -> None:
     import ray
 
-    from pipeline.compact import compact
+    from pipeline.writes.compact import compact
 
     started = time.perf_counter()
     small = root / "small"

@@ -4,7 +4,7 @@ Data: 16-float ``obs``, int64 ``actions``, two modules, written to a temporary d
 as 10 Parquet files of ``--rows / 10`` rows (deleted afterwards), episodes of 1,000 steps
 of one module each. Minibatches of 512
 rows, two learners in threads. Ray is started (and its workers warmed) before timing, with
-the environment ``offmeta run`` gives it (``flows.runtime.QUIET_ENVIRONMENT``).
+the environment ``offmeta run`` gives it (``flows.runs.runtime.QUIET_ENVIRONMENT``).
 
 1. First epoch from disk, ``--rows`` rows (default 5M): LearnerStream rows/s divided by
    pyarrow reading the same files, grouping rows per module once and slicing zero-copy
@@ -66,7 +66,7 @@ import pyarrow.parquet as pq
 import torch
 
 from bench.records import Baseline, write_record
-from flows.runtime import set_quiet_environment
+from flows.runs.runtime import set_quiet_environment
 
 # The environment `offmeta run` gives Ray, set before Ray starts (here and in the peak-RSS
 # children; this module imports Ray only inside functions).
@@ -121,7 +121,7 @@ def subset(root: Path, name: str, paths: list[Path]) -> Path:
 
 def pyarrow_epoch(paths: list[Path]) -> tuple[int, float]:
     """Rows and seconds: read, group per module once, slice zero-copy torch minibatches."""
-    from pipeline.batching import column_array, module_codes
+    from pipeline.streams.collate import column_array, module_codes
 
     start = time.perf_counter()
     rows = 0
@@ -247,7 +247,7 @@ def _flat_per_module(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 def _module_code_column(table: pa.Table) -> pa.Table:
-    from pipeline.batching import module_codes
+    from pipeline.streams.collate import module_codes
 
     codes, names = module_codes(table)
     assert names == list(MODULES), names
@@ -265,7 +265,7 @@ def _group_per_module(batch: dict[str, torch.Tensor]) -> dict[str, dict[str, tor
 
 
 def stream_steady(episodes, epochs: int, **options) -> tuple[int, float]:
-    from pipeline.streams import split_for_learners
+    from pipeline.streams.learner_stream import split_for_learners
 
     streams = split_for_learners(episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0, **options)
     per_epoch = (episodes.num_rows // LEARNERS) // MINIBATCH
@@ -281,7 +281,7 @@ def stream_steady(episodes, epochs: int, **options) -> tuple[int, float]:
 def ray_read_epoch(directory: Path) -> tuple[int, float]:
     """Rows and seconds of ``read_episodes``' Ray Dataset alone (Ray's default Parquet
     reader): 16K-row Arrow batches of the same columns, nothing else."""
-    from pipeline.dataset import read_episodes
+    from pipeline.reads.episodes import read_episodes
 
     dataset = read_episodes(directory).dataset.select_columns([*COLUMNS, "module_id"])
     start = time.perf_counter()
@@ -295,8 +295,8 @@ def stream_first_epoch(
     directory: Path, cache_budget_mb: float | None = None
 ) -> tuple[int, float, float]:
     """Rows, streaming seconds, and the seconds read_episodes spent validating."""
-    from pipeline.dataset import read_episodes
-    from pipeline.streams import split_for_learners
+    from pipeline.reads.episodes import read_episodes
+    from pipeline.streams.learner_stream import split_for_learners
 
     start = time.perf_counter()
     episodes = read_episodes(directory)
@@ -430,7 +430,7 @@ def run_figures(
         small, large = peak_rss(base), peak_rss(full)
     import ray
 
-    from pipeline.dataset import read_episodes
+    from pipeline.reads.episodes import read_episodes
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -500,7 +500,7 @@ def first_epoch(full: Path, paths: list[Path], rounds: int) -> None:
 
 
 def steady_epochs(steady: Path, epochs: int, figures: set[str]) -> None:
-    from pipeline.dataset import read_episodes
+    from pipeline.reads.episodes import read_episodes
 
     episodes = read_episodes(steady)
     cached = dataclasses.replace(episodes, dataset=episodes.dataset.materialize())

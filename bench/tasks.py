@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 import torch
 
 from bench.records import Baseline, write_record
-from flows.runtime import set_quiet_environment
+from flows.runs.runtime import set_quiet_environment
 
 set_quiet_environment()
 torch.set_num_threads(1)  # 2 cores: a second intra-op thread slows small meta-steps
@@ -112,7 +112,7 @@ def _start_ray() -> None:
 def iterate(samples, epochs: int, learner=None) -> tuple[int, float]:
     """Meta-batches taken and seconds for ``epochs`` epochs of one learner's stream, each
     given to ``learner.step`` when there is a learner."""
-    from pipeline.streams import split_for_learners
+    from pipeline.streams.learner_stream import split_for_learners
 
     per_epoch = samples.samples_per_epoch // META_BATCH
     [stream] = split_for_learners(samples, 1, minibatch_size=META_BATCH, seed=0)
@@ -142,8 +142,8 @@ def rss_child(directory: Path, mode: str, budget_mb: float) -> None:
     the peak RSS in bytes and what the task samples were."""
     import ray
 
-    from pipeline.dataset import read_episodes
-    from pipeline.tasks import task_samples
+    from pipeline.reads.episodes import read_episodes
+    from pipeline.tasks.samples import task_samples
 
     _start_ray()
     try:
@@ -184,8 +184,8 @@ def throughput(directory: Path, budget_mb: float, epochs: int, rounds: int) -> d
     interleaved."""
     import ray
 
-    from pipeline.dataset import read_episodes
-    from pipeline.tasks import task_samples
+    from pipeline.reads.episodes import read_episodes
+    from pipeline.tasks.samples import task_samples
 
     _start_ray()
     try:

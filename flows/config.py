@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from flows.config_text import ConfigError, apply_override, format_errors, one_line
 from learners.config import MetaConfig
 from pipeline.artifacts.errors import ArtifactNameError, UnsupportedRootError
-from pipeline.artifacts.names import validate_name
-from pipeline.artifacts.roots import parse_root
+from pipeline.artifacts.records.names import validate_name
+from pipeline.artifacts.records.roots import parse_root
 
 _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
@@ -48,7 +48,7 @@ class DataConfig(BaseModel):
         ge=0,
         le=1,
         description="Discount of the per-episode return-to-go derived at ingest (columns "
-        "returns and returns_truncated of every task sample; see pipeline.returns).",
+        "returns and returns_truncated of every task sample; see pipeline.reads.returns).",
     )
     allow_partial_episodes: bool = Field(
         False,

@@ -1,18 +1,18 @@
 """The ``meta_train`` Prefect flow: validate dataset -> train -> evaluate -> publish.
 
-Each task is a thin wrapper of one typed stage function (``flows.datasets``,
-``flows.training`` or ``flows.scale_out``, ``flows.evaluation``, ``flows.publishing``) that
-can be called without Prefect. The flow owns the Ray session, the run directory
-(``flows.runs``) and decides retries:
+Each task is a thin wrapper of one typed stage function (``flows.stages.datasets``,
+``flows.stages.train`` or ``flows.scale_out``, ``flows.stages.evaluation``,
+``flows.stages.publishing``) that can be called without Prefect. The flow owns the Ray
+session, the run directory (``flows.runs.run_dirs``) and decides retries:
 
 - the run directory is ``training.checkpoint_dir/<flow run id>``, or with ``resume`` an
   unfinished run's directory, held for the whole run; starting a run also prunes old run
-  directories and marks the flow runs of killed runs CRASHED (``flows.crashed_runs``);
+  directories and marks the flow runs of killed runs CRASHED (``flows.runs.crashed``);
 - ``train`` trains in this process or, with ``learners.num_learners > 0``, on Ray Train
   workers; it retries ``training.retries`` times and resumes from its last checkpoint;
 - ``publish`` retries too; an idempotency key per run directory makes a retried publish,
   or a resumed run's, return the version the first attempt wrote;
-- what ``flows.retry_policy`` calls permanent (bad input, non-finite arithmetic) fails at
+- what ``flows.runs.retry_policy`` calls permanent (bad input, non-finite arithmetic) fails at
   once, since retrying would fail the same way.
 
 ``meta_train_from_file`` reads the config from a YAML file at run time, for work-pool
@@ -35,22 +35,22 @@ from prefect.runtime import flow_run
 from prefect.states import State
 
 from flows.config import MetaTrainConfig, load_config
-from flows.crashed_runs import mark_crashed
-from flows.datasets import Datasets, validate_datasets
-from flows.evaluation import EvaluationReport, evaluate
-from flows.publishing import prefect_artifact_keys, publish, show_in_prefect
-from flows.retry_policy import is_permanent
-from flows.run_retention import prune_runs
-from flows.runs import ActiveRun, abandoned_flow_runs, open_run
-from flows.runtime import code_version, ray_session, torch_threads
+from flows.runs.crashed import mark_crashed
+from flows.runs.retention import prune_runs
+from flows.runs.retry_policy import is_permanent
+from flows.runs.run_dirs import ActiveRun, abandoned_flow_runs, open_run
+from flows.runs.runtime import code_version, ray_session, torch_threads
+from flows.runs.train_state import TrainResult
 from flows.scale_out import train_on_ray
-from flows.train_state import TrainResult
-from flows.training import train
+from flows.stages.datasets import Datasets, validate_datasets
+from flows.stages.evaluation import EvaluationReport, evaluate
+from flows.stages.publishing import prefect_artifact_keys, publish, show_in_prefect
+from flows.stages.train import train
 from pipeline.artifacts import ArtifactRef
 
 
 def _transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
-    """Retry condition: retry unless ``flows.retry_policy`` says it would fail again."""
+    """Retry condition: retry unless ``flows.runs.retry_policy`` says it would fail again."""
     return not is_permanent(state.data)
 
 
@@ -72,7 +72,7 @@ class RunSummary:
 
 @task(name="validate-dataset", cache_policy=NO_CACHE, persist_result=False)
 def validate_dataset(cfg: MetaTrainConfig) -> Datasets:
-    """``flows.datasets.validate_datasets``, with the summaries logged."""
+    """``flows.stages.datasets.validate_datasets``, with the summaries logged."""
     datasets = validate_datasets(cfg)
     logger = _logger()
     for split, summary in datasets.summary().items():
@@ -82,7 +82,7 @@ def validate_dataset(cfg: MetaTrainConfig) -> Datasets:
 
 @task(name="train", cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=_transient)
 def train_learner(cfg: MetaTrainConfig, datasets: Datasets, run_dir: str) -> TrainResult:
-    """Meta-train in ``run_dir``: ``flows.training.train`` in this process (with a progress
+    """Meta-train in ``run_dir``: ``flows.stages.train.train`` in this process (with a progress
     artifact), or ``flows.scale_out.train_on_ray`` with ``learners.num_learners > 0``."""
     if cfg.learners.num_learners > 0:
         return train_on_ray(cfg, datasets.train, run_dir=run_dir, logger=_logger())
@@ -94,7 +94,7 @@ def train_learner(cfg: MetaTrainConfig, datasets: Datasets, run_dir: str) -> Tra
 def evaluate_learner(
     cfg: MetaTrainConfig, trained: TrainResult, datasets: Datasets
 ) -> EvaluationReport:
-    """``flows.evaluation.evaluate`` of the trained learner on the held-out data."""
+    """``flows.stages.evaluation.evaluate`` of the trained learner on the held-out data."""
     return evaluate(cfg, trained.learner_state, datasets.heldout, logger=_logger())
 
 
@@ -113,7 +113,7 @@ def publish_result(
     datasets: Datasets,
     run_id: str,
 ) -> ArtifactRef:
-    """``flows.publishing.publish`` (idempotent per run), then the Prefect artifacts."""
+    """``flows.stages.publishing.publish`` (idempotent per run), then the Prefect artifacts."""
     ref = publish(
         cfg,
         trained,

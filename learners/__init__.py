@@ -12,8 +12,12 @@ from learners.config import (
     ModuleSpec,
     OuterConfig,
 )
-from learners.differentiable import DifferentiableLearner, NonFiniteGradientError, UpdateResult
-from learners.inner_optim import InnerOptimizer, global_norm, init_log_lrs, lrs_from_log
+from learners.inner.differentiable import (
+    DifferentiableLearner,
+    NonFiniteGradientError,
+    UpdateResult,
+)
+from learners.inner.optim import InnerOptimizer, global_norm, init_log_lrs, lrs_from_log
 from learners.losses import (
     LOSSES,
     LossFn,
@@ -23,10 +27,10 @@ from learners.losses import (
     mse_loss,
     resolve_loss,
 )
-from learners.meta import MetaGradients, MetaLearner
-from learners.meta_batch import MetaBatch, check_meta_batch, task_slice
+from learners.meta.learner import MetaGradients, MetaLearner
+from learners.meta.meta_batch import MetaBatch, check_meta_batch, task_slice
 from learners.metrics import MetricsLogger, merge_reduced
-from learners.models import MLP, GaussianMLP, build_model, build_models
+from learners.models.mlp import MLP, GaussianMLP, build_model, build_models
 from learners.params import (
     Batch,
     Params,
@@ -34,7 +38,7 @@ from learners.params import (
     detach_params,
     params_from_modules,
 )
-from learners.training import HISTORY_METRICS, History, run_meta_training
+from learners.training.loop import HISTORY_METRICS, History, run_meta_training
 
 __all__ = [
     "DEFAULT_MODULE_ID",

@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from learners.macaw_config import MacawConfig, resolve_macaw
-from learners.module_config import DEFAULT_MODULE_ID, ModelConfig, ModuleSpec
+from learners.algorithms.macaw_config import MacawConfig, resolve_macaw
+from learners.models.spec import DEFAULT_MODULE_ID, ModelConfig, ModuleSpec
 
 __all__ = [
     "DEFAULT_MODULE_ID",

@@ -10,20 +10,22 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "DatasetError": "pipeline.schema",
-    "EpisodeSchema": "pipeline.schema",
-    "DatasetInfo": "pipeline.dataset",
-    "Episodes": "pipeline.dataset",
-    "inspect_episodes": "pipeline.dataset",
-    "read_episodes": "pipeline.dataset",
-    "LearnerStream": "pipeline.streams",
-    "StreamStalledError": "pipeline.streams",
-    "split_for_learners": "pipeline.streams",
-    "collate": "pipeline.batching",
-    "finalize": "pipeline.batching",
-    "task_samples": "pipeline.tasks",
+    "DatasetError": "pipeline.contract.schema",
+    "EpisodeSchema": "pipeline.contract.schema",
+    "DatasetInfo": "pipeline.reads.episodes",
+    "Episodes": "pipeline.reads.episodes",
+    "inspect_episodes": "pipeline.reads.episodes",
+    "read_episodes": "pipeline.reads.episodes",
+    "LearnerStream": "pipeline.streams.learner_stream",
+    "StreamStalledError": "pipeline.streams.learner_stream",
+    "split_for_learners": "pipeline.streams.learner_stream",
+    "collate": "pipeline.streams.collate",
+    "finalize": "pipeline.streams.collate",
+    "task_samples": "pipeline.tasks.samples",
     "ArtifactRef": "pipeline.artifacts",
     "ArtifactStore": "pipeline.artifacts",
+    "load_learner": "pipeline.consumer",
+    "predict": "pipeline.consumer",
 }
 
 __all__ = sorted(_EXPORTS)

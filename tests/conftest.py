@@ -63,7 +63,7 @@ def prefect_harness() -> Iterator[None]:
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server on loopback for the whole session (started on first use, stopped by
     its pid at the end); boto3 clients find it through the standard AWS variables."""
-    from tests.s3_server import client_environment, moto_server
+    from tests.helpers.s3_server import client_environment, moto_server
 
     with moto_server("serial") as endpoint:
         settings = client_environment(endpoint)

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import torch
-from tolerances import largest, rounding_tolerance, trajectory_tolerance
 
-from flows.consumer import learner_state_files, load_learner, predict
 from learners import MetaLearner
 from pipeline.artifacts import ArtifactStore
-from pipeline.batching import finalize
+from pipeline.consumer import learner_state_files, load_learner, predict
+from pipeline.streams.collate import finalize
+from tests.helpers.tolerances import largest, rounding_tolerance, trajectory_tolerance
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),

@@ -10,15 +10,15 @@ import subprocess
 import sys
 import textwrap
 import tomllib
-from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.artifacts import ArtifactStore
+from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.timeout(120)
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 TRAINING = ("ray", "prefect", "pyarrow")
 # Runs the offmeta CLI with the training packages made unimportable, as in a light install.
 _WITHOUT_TRAINING = textwrap.dedent(

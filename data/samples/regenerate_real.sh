@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Record the real-tool samples (RLlib's offline recorder, Minari's DataCollector) that
-# tests/test_importers.py imports. RLlib and Minari are never offmeta dependencies: they are
+# tests/pipeline/importers/test_importers.py imports. RLlib and Minari are never offmeta dependencies: they are
 # installed here, in a throwaway virtualenv outside the repository.
 #
 #   data/samples/regenerate_real.sh            # venv in ${TMPDIR:-/tmp}/offmeta-real-tools

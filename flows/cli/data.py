@@ -135,7 +135,7 @@ def _register_import(commands: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from pipeline.dataset import inspect_episodes
+    from pipeline.reads.episodes import inspect_episodes
     from pipeline.synthetic import GENERATORS, ROWS_PER_FILE, generate
 
     options = {
@@ -162,9 +162,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from pipeline.compact import small_files_warning
-    from pipeline.dataset import inspect_episodes
-    from pipeline.schema import DatasetError
+    from pipeline.contract.schema import DatasetError
+    from pipeline.reads.episodes import inspect_episodes
+    from pipeline.writes.compact import small_files_warning
 
     try:
         column_map = _parse_column_map(args.column_map)
@@ -191,8 +191,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from pipeline.contract.schema import DatasetError
     from pipeline.importers import import_minari, import_rllib
-    from pipeline.schema import DatasetError
 
     run = {"rllib": import_rllib, "minari": import_minari}[args.tool]
     try:
@@ -210,8 +210,8 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
-    from pipeline.compact import compact
-    from pipeline.schema import DatasetError
+    from pipeline.contract.schema import DatasetError
+    from pipeline.writes.compact import compact
 
     try:
         info = compact(

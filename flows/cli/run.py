@@ -3,11 +3,11 @@
 Both take ``--config FILE`` and any number of ``--set KEY=VALUE`` overrides; the config is
 validated before Prefect, Ray or torch is imported, so a typo costs a second, not a Ray
 start-up. ``run`` also checks both datasets against each other and the config
-(``flows.datasets.inspect_datasets``, the checks of ``offmeta data validate``) before it starts
-Ray or Prefect. Without ``PREFECT_API_URL`` Prefect starts a temporary local server for the
-run; with it, runs are recorded on that server.
+(``flows.stages.datasets.inspect_datasets``, the checks of ``offmeta data validate``)
+before it starts Ray or Prefect. Without ``PREFECT_API_URL`` Prefect starts a temporary
+local server for the run; with it, runs are recorded on that server.
 
-``offmeta run --resume [RUN_DIR]`` continues an unfinished run (``flows.runs``); the run
+``offmeta run --resume [RUN_DIR]`` continues an unfinished run (``flows.runs.run_dirs``); the run
 directory is found and checked before anything starts.
 """
 
@@ -19,8 +19,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from flows.config import ConfigError, MetaTrainConfig, load_config
-from flows.runs import RunDirError, check_resumable, find_resumable, read_run
-from flows.runtime import set_quiet_environment
+from flows.runs.run_dirs import RunDirError, check_resumable, find_resumable, read_run
+from flows.runs.runtime import set_quiet_environment
 
 if TYPE_CHECKING:
     from prefect.client.schemas.schedules import CronSchedule
@@ -172,8 +172,8 @@ def _resume_dir(resume: str | None, cfg: MetaTrainConfig) -> str | None:
 def _data_fits(cfg: MetaTrainConfig) -> bool:
     """Check the data before Ray and Prefect start (they take half a minute to start and bury
     the cause under their tracebacks); False after saying why in one line."""
-    from flows.datasets import inspect_datasets
-    from pipeline.schema import DatasetError
+    from flows.stages.datasets import inspect_datasets
+    from pipeline.contract.schema import DatasetError
 
     try:
         inspect_datasets(cfg)

@@ -7,7 +7,7 @@ many CPUs each worker may hold so that Ray Data reads still find free CPUs; a
 
 from flows.scale_out.driver import scaling_config, train_on_ray, worker_cpus
 from flows.scale_out.worker import WorkerFault
-from learners.data_parallel import ParametersDivergedError
+from learners.training.data_parallel import ParametersDivergedError
 
 __all__ = [
     "ParametersDivergedError",

@@ -3,7 +3,7 @@
 ``train_on_ray`` reads top to bottom: task samples (read once, here, then shared through
 Ray's object store) -> the initial learner state (warm start included, so every worker
 starts identical) -> how many CPUs a worker may hold -> ``TorchTrainer.fit`` -> the
-``TrainResult`` of the final checkpoint (``flows.train_state``, as in process), with the
+``TrainResult`` of the final checkpoint (``flows.runs.train_state``, as in process), with the
 restart count.
 
 Fault tolerance is Ray Train's: a worker that dies takes its worker group down, and Ray
@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 from flows.config import MetaTrainConfig
-from flows.retry_policy import is_permanent
+from flows.runs.retry_policy import is_permanent
+from flows.runs.train_state import TrainResult, train_result
 from flows.scale_out.worker import WorkerFault, train_loop_per_worker
-from flows.train_state import TrainResult, train_result
-from flows.training import build_task_samples, warm_start
-from learners.meta import MetaLearner
-from pipeline.dataset import Episodes
+from flows.stages.train import build_task_samples, warm_start
+from learners.meta.learner import MetaLearner
+from pipeline.reads.episodes import Episodes
 
 _log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def train_on_ray(
     Each worker draws ``tasks.meta_batch`` tasks per meta-step from its own share of the
     task samples (``split_for_learners(..., ranks=[rank])``), so one meta-step sees
     ``num_learners * meta_batch`` tasks and the averaged meta-gradient equals one
-    learner's over all of them. Needs a running Ray session (``flows.runtime.ray_session``).
+    learner's over all of them. Needs a running Ray session (``flows.runs.runtime.ray_session``).
     ``fault`` is a drill: that worker kills itself once, and the run must recover.
     """
     import ray

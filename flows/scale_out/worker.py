@@ -6,7 +6,7 @@ the learner (the driver's initial state, or the last checkpoint) -> ``run_meta_t
 with callbacks that check the workers agree and report checkpoints to Ray Train.
 
 A checkpoint is one directory that every worker writes its shard into (Ray Train merges
-them): the layout and contents of ``flows.train_state``, the same as an in-process run's.
+them): the layout and contents of ``flows.runs.train_state``, the same as an in-process run's.
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ from typing import Any, NamedTuple
 import torch
 
 from flows.config import MetaTrainConfig
-from flows.progress import TrainingProgress
-from flows.train_state import learner_shard, restore
-from learners.data_parallel import (
+from flows.runs.train_state import learner_shard, restore
+from flows.stages.progress import TrainingProgress
+from learners.meta.meta_batch import MetaBatch
+from learners.training.data_parallel import (
     CrossWorkerMetrics,
     DataParallelMetaLearner,
     broadcast,
     check_in_sync,
 )
-from learners.meta_batch import MetaBatch
-from learners.training import History, run_meta_training
-from pipeline.checkpoints import write_shard
-from pipeline.streams import LearnerStream, split_for_learners
+from learners.training.loop import History, run_meta_training
+from pipeline.io.checkpoints import write_shard
+from pipeline.streams.learner_stream import LearnerStream, split_for_learners
 
 ATTEMPTS_DIR = "offmeta-attempts"
 """Under the Ray Train run directory: one empty file per attempt of the worker group."""

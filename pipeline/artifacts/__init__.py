@@ -19,8 +19,8 @@ from pipeline.artifacts.errors import (
     StorageError,
     UnsupportedRootError,
 )
-from pipeline.artifacts.manifest import ArtifactRef, Lineage, Manifest
-from pipeline.artifacts.roots import S3Root, parse_root
+from pipeline.artifacts.records.manifest import ArtifactRef, Lineage, Manifest
+from pipeline.artifacts.records.roots import S3Root, parse_root
 from pipeline.artifacts.store import ArtifactStore
 
 __all__ = [

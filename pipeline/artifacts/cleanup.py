@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from pipeline.artifacts import layout
-from pipeline.artifacts.backends import Backend, ObjectInfo
-from pipeline.artifacts.manifest import KeyRecord, Manifest
-from pipeline.artifacts.names import validate_name
+from pipeline.artifacts.backends.base import Backend, ObjectInfo
 from pipeline.artifacts.reader import read_manifest, version_numbers
+from pipeline.artifacts.records import layout
+from pipeline.artifacts.records.manifest import KeyRecord, Manifest
+from pipeline.artifacts.records.names import validate_name
 
 
 @dataclass(frozen=True)

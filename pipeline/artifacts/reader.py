@@ -14,19 +14,19 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from pipeline.artifacts import layout
-from pipeline.artifacts.backends import Backend
-from pipeline.artifacts.digest import (
+from pipeline.artifacts.backends.base import Backend
+from pipeline.artifacts.content.digest import (
     PARAMS_FILE,
     ParsedParams,
     decode_params,
     describe,
     sha256_hex,
 )
+from pipeline.artifacts.content.params_blob import receive_params
 from pipeline.artifacts.errors import ArtifactNotFoundError, IntegrityError
-from pipeline.artifacts.manifest import AliasRecord, ArtifactRef, FileEntry, Manifest
-from pipeline.artifacts.names import parse_spec, parse_version, validate_name
-from pipeline.artifacts.params_blob import receive_params
+from pipeline.artifacts.records import layout
+from pipeline.artifacts.records.manifest import AliasRecord, ArtifactRef, FileEntry, Manifest
+from pipeline.artifacts.records.names import parse_spec, parse_version, validate_name
 
 if TYPE_CHECKING:
     import torch

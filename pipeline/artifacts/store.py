@@ -31,18 +31,21 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from pipeline.artifacts import layout
-from pipeline.artifacts.backends import Backend, Lease, open_backend
-from pipeline.artifacts.blobs import BlobWriter, media_type
+from pipeline.artifacts.backends.base import Backend, Lease
+from pipeline.artifacts.backends.opening import open_backend
 from pipeline.artifacts.cleanup import GcReport, collect_garbage
-from pipeline.artifacts.digest import PARAMS_FILE, EncodedParams, flatten_params
+from pipeline.artifacts.content.blobs import BlobWriter, media_type
+from pipeline.artifacts.content.digest import PARAMS_FILE, EncodedParams, flatten_params
 from pipeline.artifacts.errors import (
     AliasConflictError,
     ArtifactError,
     ArtifactNameError,
     ArtifactNotFoundError,
 )
-from pipeline.artifacts.manifest import (
+from pipeline.artifacts.plots import check_history, learning_curve_files
+from pipeline.artifacts.reader import Reader, alias_record, read_manifest, version_numbers
+from pipeline.artifacts.records import layout
+from pipeline.artifacts.records.manifest import (
     AliasRecord,
     ArtifactRef,
     FileEntry,
@@ -52,9 +55,7 @@ from pipeline.artifacts.manifest import (
     TensorEntry,
     json_safe,
 )
-from pipeline.artifacts.names import parse_version, validate_name
-from pipeline.artifacts.plots import check_history, learning_curve_files
-from pipeline.artifacts.reader import Reader, alias_record, read_manifest, version_numbers
+from pipeline.artifacts.records.names import parse_version, validate_name
 
 if TYPE_CHECKING:
     import torch

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.schema import DatasetError
+from pipeline.contract.schema import DatasetError
 
 _EXTENSION_NAME = b"ARROW:extension:name"
 _EXTENSION_METADATA = b"ARROW:extension:metadata"

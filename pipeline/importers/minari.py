@@ -29,13 +29,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.dataset_writer import DatasetWriter, Progress
+from pipeline.contract.dataset_json import DatasetMetadata, GeneratorInfo, Space
+from pipeline.contract.schema import DatasetError
 from pipeline.importers.minari_episodes import RawEpisode, canonical_episodes, check_columns
 from pipeline.importers.output import ImportSummary, SourceFacts, check_output, import_summary
-from pipeline.importers.remote_source import is_remote, local_copy
-from pipeline.importers.source_files import SourceFingerprint, natural_key
-from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space
-from pipeline.schema import DatasetError
+from pipeline.importers.recording_files import SourceFingerprint, natural_key
+from pipeline.importers.remote_recording import is_remote, local_copy
+from pipeline.writes.writer import DatasetWriter, Progress
 
 GENERATOR = "offmeta data import minari"
 _METADATA = "metadata.json"

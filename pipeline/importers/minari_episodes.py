@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.contract.schema import DatasetError
 from pipeline.importers.columns import to_tensor
-from pipeline.schema import DatasetError
 
 COLUMNS = ("observations", "actions", "rewards", "terminations", "truncations")
 _FLAGS = {"terminations": "terminateds", "truncations": "truncateds"}

@@ -1,13 +1,13 @@
 """What an import promises about its output: a new or empty directory refused otherwise
 before anything is read, and the ``ImportSummary`` it returns (the rows are written by
-``pipeline.dataset_writer``)."""
+``pipeline.writes.writer``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.dataset import DatasetInfo
+from pipeline.reads.episodes import DatasetInfo
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ What RLlib 2.60 writes, and what becomes of it:
 - ``task_id``: the ``task_id`` argument, else the name of the ``<env>`` directory.
 
 Memory: chunks of about ``chunk_bytes`` are converted, numbered, sorted and spilled, then
-merged (``pipeline.external_sort``, run files in the writer's staging directory); repeats
+merged (``pipeline.writes.external_sort``, run files in the writer's staging directory); repeats
 are dropped from the merged rows (``rllib_repeats``); besides those, one small cursor per
 episode.
 """
@@ -31,17 +31,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.dataset_writer import DatasetWriter, Progress
-from pipeline.external_sort import sort_tables
+from pipeline.contract.dataset_json import DatasetMetadata, GeneratorInfo, Space
+from pipeline.contract.schema import DatasetError
 from pipeline.importers.columns import row_hashes
 from pipeline.importers.output import ImportSummary, SourceFacts, check_output, import_summary
-from pipeline.importers.remote_source import is_remote, local_copy
+from pipeline.importers.recording_files import SourceFingerprint, walk
+from pipeline.importers.remote_recording import is_remote, local_copy
 from pipeline.importers.rllib_repeats import ORIGIN, SORT_KEYS, RepeatedSteps
 from pipeline.importers.rllib_rows import canonical_rows
 from pipeline.importers.rllib_steps import StepNumbering
-from pipeline.importers.source_files import SourceFingerprint, walk
-from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space
-from pipeline.schema import DatasetError
+from pipeline.writes.external_sort import sort_tables
+from pipeline.writes.writer import DatasetWriter, Progress
 
 CHUNK_BYTES = 64 << 20
 GENERATOR = "offmeta data import rllib"

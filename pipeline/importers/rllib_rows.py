@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.contract.schema import DatasetError
 from pipeline.importers.columns import is_tensor_field, to_tensor
-from pipeline.schema import DatasetError
 
 REQUIRED = ("eps_id", "obs", "actions", "rewards", "terminateds", "truncateds")
 _FLAGS = ("terminateds", "truncateds")

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.schema import DatasetError
+from pipeline.contract.schema import DatasetError
 
 
 @dataclass

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.metadata import DatasetMetadata, GeneratorInfo, Space, write_metadata
+from pipeline.contract.dataset_json import DatasetMetadata, GeneratorInfo, Space, write_metadata
 from pipeline.synthetic.point_robot_episodes import BEHAVIOR_COLUMN
 
 ROW_GROUP_SIZE = 65_536

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from pipeline.metadata import Space
+from pipeline.contract.dataset_json import Space
 from pipeline.synthetic.point_robot import (
     EPISODE_STEPS,
     MAX_ACTION,
@@ -33,7 +33,7 @@ from pipeline.synthetic.point_robot import (
 
 BEHAVIOR_COLUMN = "behavior"
 """The column of ``mixed`` data that names each episode's behaviour policy (a label);
-evaluation reads it to draw the recorded episodes (``flows.trajectories``)."""
+evaluation reads it to draw the recorded episodes (``flows.stages.trajectories``)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipeline.metadata import Space
+from pipeline.contract.dataset_json import Space
 
 AMPLITUDE = (0.1, 5.0)
 PHASE = (0.0, np.pi)

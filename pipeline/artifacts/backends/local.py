@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from pipeline.artifacts import fsio
-from pipeline.artifacts.backends import ObjectInfo, Tagged, new_buffer
-from pipeline.artifacts.params_blob import Download
+from pipeline.artifacts.backends.base import ObjectInfo, Tagged, new_buffer
+from pipeline.artifacts.content.params_blob import Download
+from pipeline.io import fsio
 
 _MAP_BYTES = 1 << 20
 """Files at least this large are mapped rather than read (the params blobs)."""

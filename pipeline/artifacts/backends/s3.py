@@ -15,7 +15,7 @@
   refers to it.
 
 The store relies on the server applying a conditional write atomically (Amazon S3 does;
-moto's threaded server does not, see tests/test_artifacts_s3_server.py). Credentials and
+moto's threaded server does not, see tests/pipeline/artifacts/test_s3_server.py). Credentials and
 the endpoint come from the standard AWS variables (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, profiles...).
 """
@@ -36,10 +36,10 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts.backends import ObjectInfo, Tagged, new_buffer
+from pipeline.artifacts.backends.base import ObjectInfo, Tagged, new_buffer
+from pipeline.artifacts.content.params_blob import ChunkReader, Download
 from pipeline.artifacts.errors import ArtifactError, LockTimeoutError, StorageError
-from pipeline.artifacts.params_blob import ChunkReader, Download
-from pipeline.artifacts.roots import S3Root
+from pipeline.artifacts.records.roots import S3Root
 
 # Blobs above _MULTIPART_BYTES go up in parallel parts of _PART_BYTES (S3 takes at most
 # 5 GiB in one PUT). Below it one PUT is faster: on loopback (moto, 2 cores) 100 MB went up

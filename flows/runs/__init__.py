@@ -1,0 +1,1 @@
+"""Around a run: run directories, checkpointed train state, retries, crashed runs, the process."""

@@ -1,0 +1,127 @@
+"""Stage 1 of a run: read both datasets, refuse them before training if they do not fit the
+config or each other.
+
+``inspect_datasets`` runs every check without Ray (``offmeta run`` calls it before starting
+Ray or Prefect); ``validate_datasets`` runs the same checks on the Ray reads the run uses."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from flows.config import MetaTrainConfig
+from pipeline.contract.schema import DatasetError
+from pipeline.reads.episodes import DatasetInfo, Episodes, inspect_episodes, read_episodes
+
+
+@dataclass(frozen=True)
+class Datasets:
+    """The validated train and held-out episodes of a run."""
+
+    train: Episodes
+    heldout: Episodes
+
+    def summary(self) -> dict[str, Any]:
+        """Plain JSON for logs and lineage."""
+        return {"train": self.train.summary(), "heldout": self.heldout.summary()}
+
+
+def validate_datasets(cfg: MetaTrainConfig) -> Datasets:
+    """Read and check ``cfg.data.train`` and ``cfg.data.heldout``.
+
+    Beyond ``read_episodes``'s own checks: both datasets have the same observation and
+    action layout, and every module the learner trains is in both, with the sizes its
+    ``learners.modules`` entry declares. Raises ``DatasetError`` naming the dataset, the
+    config field, what was found and what was expected.
+    """
+    column_map = cfg.data.column_map or None
+    partial = cfg.data.allow_partial_episodes
+    train = read_episodes(cfg.data.train, column_map=column_map, allow_partial_episodes=partial)
+    heldout = read_episodes(cfg.data.heldout, column_map=column_map, allow_partial_episodes=partial)
+    _check_fit(cfg, train, heldout)
+    return Datasets(train=train, heldout=heldout)
+
+
+def inspect_datasets(cfg: MetaTrainConfig) -> tuple[DatasetInfo, DatasetInfo]:
+    """``validate_datasets``'s checks without Ray: ``(train, heldout)`` described by
+    ``inspect_episodes`` (the checks ``offmeta data validate`` runs), or ``DatasetError``
+    with the message ``validate_datasets`` would raise."""
+    column_map = cfg.data.column_map or None
+    partial = cfg.data.allow_partial_episodes
+    train = inspect_episodes(cfg.data.train, column_map=column_map, allow_partial_episodes=partial)
+    heldout = inspect_episodes(
+        cfg.data.heldout, column_map=column_map, allow_partial_episodes=partial
+    )
+    _check_fit(cfg, train, heldout)
+    return train, heldout
+
+
+def _check_fit(cfg: MetaTrainConfig, train: DatasetInfo, heldout: DatasetInfo) -> None:
+    _check_same_layout(train, heldout)
+    for split, episodes in (("train", train), ("heldout", heldout)):
+        _check_modules(cfg, split, episodes)
+
+
+def _check_same_layout(train: DatasetInfo, heldout: DatasetInfo) -> None:
+    for field in ("obs_shape", "action_shape", "discrete_actions"):
+        found, expected = getattr(heldout.schema, field), getattr(train.schema, field)
+        if found != expected:
+            raise DatasetError(
+                f"held-out dataset {heldout.root}: {field} is {_shown(found)} but the train "
+                f"dataset {train.root} has {_shown(expected)}; expected held-out tasks of the "
+                "same task family (data.heldout must match data.train)"
+            )
+
+
+def _check_modules(cfg: MetaTrainConfig, split: str, episodes: DatasetInfo) -> None:
+    learners = cfg.learners
+    where = f"{split} dataset {episodes.root}"
+    for module_id in learners.trained_modules:
+        if learners.modules[module_id].data_module is not None:
+            # Reads another module's rows (checked below with it) and has outputs of its own.
+            _check_obs_dim(where, episodes, module_id, learners.modules[module_id].obs_dim)
+    for module_id in learners.data_modules:
+        if module_id not in episodes.module_ids:
+            raise DatasetError(
+                f"{where} has no rows of module {module_id!r}, which learners.modules trains; "
+                f"its modules are {list(episodes.module_ids)} (rename the module in the config, "
+                "or list the ones to train in learners.modules_to_update)"
+            )
+        spec = learners.modules[module_id]
+        _check_obs_dim(where, episodes, module_id, spec.obs_dim)
+        action_dim = _action_dim(episodes)
+        if action_dim is not None and spec.action_dim != action_dim:
+            what = (
+                "discrete actions"
+                if episodes.schema.discrete_actions
+                else f"actions have shape {list(episodes.schema.action_shape)}"
+            )
+            raise DatasetError(
+                f"{where}: {what} ({action_dim} outputs) but "
+                f"learners.modules.{module_id}.action_dim is {spec.action_dim}; "
+                f"expected action_dim: {action_dim}"
+            )
+
+
+def _check_obs_dim(where: str, episodes: DatasetInfo, module_id: str, declared: int) -> None:
+    obs_dim = math.prod(episodes.schema.obs_shape)
+    if declared != obs_dim:
+        raise DatasetError(
+            f"{where}: observations have shape {list(episodes.schema.obs_shape)} "
+            f"({obs_dim} values) but learners.modules.{module_id}.obs_dim is {declared}; "
+            f"expected obs_dim: {obs_dim}"
+        )
+
+
+def _action_dim(episodes: DatasetInfo) -> int | None:
+    """Outputs a module needs: action size, or the number of discrete actions when
+    ``dataset.json`` says it (unknown otherwise)."""
+    if not episodes.schema.discrete_actions:
+        return math.prod(episodes.schema.action_shape)
+    space = episodes.metadata.get("action_space") or {}
+    return space.get("n")
+
+
+def _shown(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

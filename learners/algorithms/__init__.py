@@ -1,0 +1,1 @@
+"""Algorithms beyond plain MAML: MACAW's losses and settings."""

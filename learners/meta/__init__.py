@@ -1,0 +1,1 @@
+"""The meta (outer) learner: inner update on support, loss on query, one outer step."""

@@ -1,0 +1,1 @@
+"""Models and their configuration: the MLP family and one module's spec."""

@@ -1,0 +1,1 @@
+"""Stored content: parameter encoding, digests, params blobs and content-addressed blobs."""

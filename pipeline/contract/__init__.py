@@ -1,0 +1,3 @@
+"""The episode data contract: canonical columns, ``dataset.json``, and the checks that refuse a
+dataset before training.
+"""

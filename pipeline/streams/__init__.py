@@ -1,0 +1,3 @@
+"""Per-learner streams: ``split_for_learners`` once, then ``take(num_iters)``; collate and
+finalize.
+"""

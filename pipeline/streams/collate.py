@@ -1,0 +1,254 @@
+"""Collate (Arrow rows -> CPU tensors grouped per module) and finalize (tensors -> device).
+
+Both are module-level callables with no state of their own, so a stream, a test or a
+Ray Train worker can call them the same way.
+
+A minibatch (``Batch``) is ``{module_id: {column: Tensor}}``. A module with no row in a
+minibatch is absent from it. Rows are grouped per module with one stable argsort over
+``(minibatch, module code)`` and one gather per column; every minibatch tensor is then a
+view into that gathered buffer, so slicing a super-batch into minibatches copies nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from pipeline.contract.schema import DEFAULT_MODULE_ID
+
+Batch = dict[str, dict[str, torch.Tensor]]
+"""``{module_id: {column: Tensor}}``; a meta-batch is ``{"support": Batch, "query": Batch}``."""
+
+MODULE_COLUMN = "module_id"
+TRAINING_COLUMNS = ("obs", "actions", "rewards", "new_obs", "terminateds", "truncateds")
+"""Columns a stream delivers when none are named, in this order, where the data has them."""
+
+
+def default_columns(column_names: Collection[str]) -> tuple[str, ...]:
+    """The training columns present among ``column_names``."""
+    return tuple(name for name in TRAINING_COLUMNS if name in column_names)
+
+
+def collate(
+    table: pa.Table,
+    *,
+    columns: Sequence[str] | None = None,
+    modules_to_update: Collection[str] | None = None,
+) -> Batch:
+    """Turn the rows of ``table`` into one minibatch ``{module_id: {column: Tensor}}``.
+
+    Rows without a ``module_id`` column belong to ``DEFAULT_MODULE_ID``; rows of modules
+    outside ``modules_to_update`` (when given) are dropped. ``columns`` defaults to the
+    training columns present in ``table``.
+    """
+    if table.num_rows == 0:
+        return {}
+    order = np.arange(table.num_rows)
+    return collate_minibatches(
+        table,
+        order,
+        table.num_rows,
+        columns=columns,
+        modules_to_update=modules_to_update,
+    )[0]
+
+
+def collate_minibatches(
+    table: pa.Table,
+    order: np.ndarray,
+    minibatch_size: int,
+    *,
+    columns: Sequence[str] | None = None,
+    modules_to_update: Collection[str] | None = None,
+    pin_memory: bool = False,
+) -> list[Batch]:
+    """Cut ``table`` into ``len(order) // minibatch_size`` minibatches in one pass.
+
+    Minibatch ``i`` holds the rows ``order[i * minibatch_size:(i + 1) * minibatch_size]``
+    (``order`` carries the shuffle), grouped per module. ``pin_memory`` gathers straight
+    into page-locked buffers so that ``finalize`` can copy them to a GPU asynchronously.
+    """
+    if minibatch_size < 1 or len(order) % minibatch_size:
+        raise ValueError(
+            f"collate_minibatches: {len(order)} rows do not divide into minibatches of "
+            f"{minibatch_size}; pass a whole number of minibatches"
+        )
+    columns = tuple(default_columns(table.column_names) if columns is None else columns)
+    _check_columns(table, columns)
+    codes, names = module_codes(table)
+    order = np.asarray(order, dtype=np.int64)
+    num_batches = len(order) // minibatch_size
+    if num_batches == 0:
+        return []
+    # Group (minibatch, module) of every row: small keys, since numpy's stable sort is a
+    # radix sort for 16 bits or less, one pass per byte.
+    num_groups = num_batches * len(names)
+    small = next((t for t in (np.uint8, np.uint16) if num_groups <= np.iinfo(t).max), np.int64)
+    key = np.repeat(np.arange(0, num_groups, len(names), dtype=small), minibatch_size)
+    if modules_to_update is not None:
+        wanted = np.array([name in modules_to_update for name in names], dtype=bool)
+        kept = wanted[codes[order]]
+        order, key = order[kept], key[kept]
+    if len(names) > 1:
+        key += codes[order].astype(small)
+        order = order[np.argsort(key, kind="stable")]
+    counts = np.bincount(key, minlength=num_groups).tolist()
+    # One split per column: views for every (minibatch, module) group in a single call.
+    parts = {
+        name: gather(column_array(table, name), order, pin_memory).split(counts) for name in columns
+    }
+    views = zip(*parts.values(), strict=True) if parts else ((),) * len(counts)
+    groups = [dict(zip(columns, group, strict=True)) for group in views]
+    batches: list[Batch] = []
+    for first in range(0, len(groups), len(names)):
+        batches.append(
+            {
+                module: groups[first + code]
+                for code, module in enumerate(names)
+                if counts[first + code]
+            }
+        )
+    return batches
+
+
+def module_codes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """Per-row module codes into a sorted list of module ids, from dictionary codes.
+
+    No per-row Python: each chunk is dictionary-encoded (a no-op when it already is) and
+    its small dictionary is mapped onto the sorted ids.
+    """
+    if MODULE_COLUMN not in table.column_names:
+        return np.zeros(table.num_rows, dtype=np.int64), [DEFAULT_MODULE_ID]
+    column = table.column(MODULE_COLUMN)
+    if column.null_count:
+        raise ValueError(
+            f"column {MODULE_COLUMN!r} has {column.null_count} null values; every row needs "
+            f"a module id (drop the column to put all rows in {DEFAULT_MODULE_ID!r})"
+        )
+    chunks = [
+        chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+        for chunk in column.chunks
+    ]
+    if len(chunks) == 1:
+        # The usual block: one chunk whose dictionary is already the sorted ids, so its
+        # indices are the codes (every super-batch of a stream comes this way).
+        dictionary = [str(name) for name in chunks[0].dictionary.to_pylist()]
+        if all(a < b for a, b in itertools.pairwise(dictionary)):
+            return chunks[0].indices.to_numpy(zero_copy_only=False), dictionary
+    names = sorted({str(name) for chunk in chunks for name in chunk.dictionary.to_pylist()})
+    position = {name: code for code, name in enumerate(names)}
+    parts = [
+        np.array([position[str(n)] for n in chunk.dictionary.to_pylist()], dtype=np.int64)[
+            chunk.indices.to_numpy(zero_copy_only=False)
+        ]
+        for chunk in chunks
+    ]
+    codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return codes, names
+
+
+def column_array(table: pa.Table, name: str) -> np.ndarray:
+    """Column ``name`` as one numpy array ``[rows, *shape]``, zero-copy for a single chunk."""
+    column = table.column(name)
+    if column.null_count:
+        raise ValueError(
+            f"column {name!r} has {column.null_count} null values; tensors cannot hold nulls"
+        )
+    parts = [_chunk_array(name, chunk) for chunk in column.chunks]
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return _chunk_array(name, column.combine_chunks())
+    return np.concatenate(parts)
+
+
+def gather(array: np.ndarray, order: np.ndarray, pin_memory: bool = False) -> torch.Tensor:
+    """``array[order]`` (``order`` of any shape) as a tensor owning its memory, page-locked
+    with ``pin_memory``."""
+    if not pin_memory:
+        # Fancy indexing copies one-dimensional columns 2-3x faster than np.take; np.take
+        # copies rows of tensors 3x faster than fancy indexing.
+        return torch.from_numpy(array[order] if array.ndim == 1 else np.take(array, order, axis=0))
+    shape = (*np.shape(order), *array.shape[1:])
+    out = torch.empty(shape, dtype=torch.from_numpy(array[:0]).dtype, pin_memory=True)
+    np.take(array, order, axis=0, out=out.numpy())
+    return out
+
+
+def finalize(batch: Mapping[str, Any], device: torch.device | str, *, non_blocking: bool = True):
+    """Move every tensor of a (meta-)batch to ``device``, keeping the nesting.
+
+    CPU: the tensors are returned as they are (no copy, no pinning). CUDA: each tensor is
+    pinned if it is not already, copied with ``non_blocking`` on a side stream, and the
+    current (compute) stream waits for that copy; ``record_stream`` keeps the caching
+    allocator from reusing the memory while the compute stream may still read it.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return _map_tensors(batch, lambda tensor: tensor.cpu())
+    if device.type != "cuda":
+        return _map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=non_blocking))
+    compute = torch.cuda.current_stream(device)
+    side = _side_stream(device)
+    with torch.cuda.stream(side):
+        moved = _map_tensors(batch, lambda tensor: _copy_to_cuda(tensor, device, non_blocking))
+    compute.wait_stream(side)
+    _map_tensors(moved, lambda tensor: tensor.record_stream(compute))
+    return moved
+
+
+def _copy_to_cuda(tensor: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
+    if non_blocking and not tensor.is_cuda and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=non_blocking)
+
+
+_streams = threading.local()
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    # One copy stream per consumer thread and device: learners in threads each wait only
+    # on their own copies.
+    cache = _streams.__dict__.setdefault("by_device", {})
+    if device not in cache:
+        cache[device] = torch.cuda.Stream(device)
+    return cache[device]
+
+
+def _map_tensors(value: Any, fn):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {key: _map_tensors(item, fn) for key, item in value.items()}
+    raise TypeError(f"finalize: expected nested dicts of tensors, found {type(value).__name__}")
+
+
+def _check_columns(table: pa.Table, columns: Sequence[str]) -> None:
+    # Not table.column_names: it builds a list of every name, per call.
+    missing = [name for name in columns if table.schema.get_field_index(name) < 0]
+    if missing:
+        raise ValueError(
+            f"columns {missing} are not in the data; available: {sorted(table.column_names)}"
+        )
+
+
+def _chunk_array(name: str, chunk: pa.Array) -> np.ndarray:
+    kind = chunk.type
+    if isinstance(kind, pa.FixedShapeTensorType):
+        return chunk.to_numpy_ndarray()
+    if pa.types.is_fixed_size_list(kind):
+        values = _chunk_array(name, chunk.flatten())
+        return values.reshape(len(chunk), kind.list_size, *values.shape[1:])
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return chunk.to_numpy(zero_copy_only=False)
+    raise TypeError(
+        f"column {name!r} has Arrow type {kind}; only numeric, bool, fixed_shape_tensor and "
+        "fixed_size_list columns become tensors (leave it out of columns=)"
+    )
