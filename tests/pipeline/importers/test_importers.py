@@ -21,7 +21,7 @@ from pipeline.contract.dataset_json import DatasetMetadata
 from pipeline.contract.schema import DatasetError
 from pipeline.importers import import_minari, import_rllib
 from pipeline.importers.recording_files import natural_key
-from pipeline.importers.rllib_repeats import ORIGIN, SORT_KEYS, RepeatedSteps
+from pipeline.importers.rllib.repeats import ORIGIN, SORT_KEYS, RepeatedSteps
 from pipeline.reads.episodes import inspect_episodes
 from pipeline.writes.external_sort import sort_tables
 from pipeline.writes.writer import DatasetWriter
