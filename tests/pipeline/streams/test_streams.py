@@ -359,6 +359,19 @@ def test_bad_arguments_are_refused_before_anything_runs(cached):
         stream.take(-1)
 
 
+def test_the_pipeline_package_exports_the_stream_names():
+    import pipeline
+    import pipeline.tasks.options
+
+    assert pipeline.split_for_learners is split_for_learners
+    assert (pipeline.LearnerStream, pipeline.StreamStalledError) == (
+        LearnerStream,
+        StreamStalledError,
+    )
+    assert pipeline.RowStream is RowStream
+    assert pipeline.TaskStream is pipeline.tasks.options.TaskStream
+
+
 @pytest.mark.timeout(120)
 def test_columns_renamed_on_disk_arrive_under_canonical_names(tmp_path, ray_session):
     observations = np.arange(60, dtype=np.float32).reshape(20, 3)
