@@ -7,8 +7,8 @@ file (and a run of the tests) alone. Each function below names the private API i
 and why no public one serves. ``tests/pipeline/test_ray_compat.py`` fails when a module
 outside this one names a private Ray attribute.
 
-Modules import this one where they import Ray (inside the functions that use Ray), so
-that importing the pipeline does not pay for Ray.
+Importing it imports Ray Data. Modules that import Ray only inside the functions that
+use it, so that importing the pipeline does not pay for Ray, import this one there too.
 """
 
 from __future__ import annotations
