@@ -28,6 +28,7 @@ from pipeline.contract.schema import DatasetError
 from pipeline.importers import import_minari, import_rllib
 from pipeline.importers.recording_files import natural_key
 from pipeline.reads.episodes import inspect_episodes, read_episodes
+from pipeline.rows.options import RowStream
 from pipeline.streams.learner_stream import split_for_learners
 from pipeline.tasks.samples import task_samples
 from pipeline.writes.compact import compact
@@ -93,9 +94,9 @@ def test_ray_reads_one_epoch_equal_to_the_local_one(remote, ray_session):
     endpoint and keys in it."""
     local, s3 = read_episodes(LOCAL), read_episodes(remote)
     assert s3.dataset.count() == local.num_rows == 20_000
-    options = {"minibatch_size": 1000, "superbatch_rows": 20_000, "seed": 4}
-    [from_s3] = split_for_learners(s3, 1, **options)
-    [from_disk] = split_for_learners(local, 1, **options)
+    options = {"minibatch_size": 1000, "seed": 4}
+    [from_s3] = split_for_learners(RowStream(s3, superbatch_rows=20_000), 1, **options)
+    [from_disk] = split_for_learners(RowStream(local, superbatch_rows=20_000), 1, **options)
     with from_s3, from_disk:
         got, expected = list(from_s3.take(20)), list(from_disk.take(20))
     for batch, reference in zip(got, expected, strict=True):
