@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,8 @@ from pipeline.contract.footer_checks import (
     read_footers,
 )
 from pipeline.contract.id_checks import check_episodes
-from pipeline.contract.schema import EpisodeSchema
+from pipeline.contract.schema import CheckValues, EpisodeSchema
+from pipeline.contract.value_checks import ValueFacts, check_value_columns
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource, Source, resolve_source, uri_of
 from pipeline.io.parquet_files import map_files
 from pipeline.reads.ray_logging import quiet_ray
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     import ray.data
 
 _HASH_CHUNK = 1 << 20
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,13 @@ class DatasetInfo:
     needs_normalising: bool = field(repr=False)
     """Some column is stored in a non-canonical type (``fixed_size_list`` tensors, int64
     ``t``) that reads convert; known from the footers, so reads open no file to decide."""
+    values: ValueFacts = field(repr=False)
+    """What the value checks covered, and float actions outside a declared box."""
 
     def summary(self) -> dict[str, Any]:
-        """Plain-JSON description for logs, the CLI and artifact lineage."""
-        return {
+        """Plain-JSON description for logs, the CLI and artifact lineage; the count of float
+        actions outside a declared box only when there are some."""
+        summary = {
             "id": self.metadata.get("id"),
             "split": self.metadata.get("split"),
             "root": uri_of(self.filesystem, self.root),
@@ -85,6 +91,9 @@ class DatasetInfo:
             "discrete_actions": self.schema.discrete_actions,
             "fingerprint": self.fingerprint,
         }
+        if self.values.actions_outside_box:
+            summary["actions_outside_box"] = self.values.actions_outside_box
+        return summary
 
 
 @dataclass(frozen=True)
@@ -100,13 +109,19 @@ def inspect_episodes(
     column_map: Mapping[str, str] | None = None,
     filesystem: pafs.FileSystem | None = None,
     allow_partial_episodes: bool = False,
+    check_values: CheckValues = "full",
 ) -> DatasetInfo:
-    """Validate a dataset and describe it, reading footers, id columns and file bytes only.
+    """Validate a dataset and describe it, reading footers, id columns, value columns and
+    file bytes.
 
     Raises ``DatasetError`` naming the file, the column, what was found and what was
     expected. ``column_map`` maps canonical names to names on disk.
     ``allow_partial_episodes`` accepts episodes that do not start at ``t = 0``, miss steps
     or carry an end flag before their last step (see data/README.md, Episodes).
+    ``check_values`` scans ``obs``, ``new_obs``, ``rewards`` and ``actions`` for NaN, inf
+    and actions outside ``dataset.json``'s action space in every row group (``full``), in
+    one in 16 (``sample``), or not at all (``off``): see ``pipeline.contract.value_checks``.
+    Float actions outside a declared box are logged as a warning, not refused.
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
@@ -120,6 +135,10 @@ def inspect_episodes(
     ids = check_episodes(resolved, schema, allow_partial_episodes=allow_partial_episodes)
     if metadata is not None:
         check_task_ids(metadata, resolved, ids.task_ids)
+    action_space = None if metadata is None else metadata.action_space
+    values = check_value_columns(resolved, facts, schema, action_space, check_values)
+    if values.warning is not None:
+        _LOG.warning("%s", values.warning)
     fingerprint, sizes = _fingerprint(resolved, metadata_bytes)
     return DatasetInfo(
         schema=schema,
@@ -135,6 +154,7 @@ def inspect_episodes(
         root=resolved.root,
         filesystem=resolved.filesystem,
         needs_normalising=_needs_normalising(facts[0].types),
+        values=values,
     )
 
 
@@ -144,6 +164,7 @@ def read_episodes(
     column_map: Mapping[str, str] | None = None,
     filesystem: pafs.FileSystem | None = None,
     allow_partial_episodes: bool = False,
+    check_values: CheckValues = "full",
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
 
@@ -160,6 +181,7 @@ def read_episodes(
         column_map=column_map,
         filesystem=filesystem,
         allow_partial_episodes=allow_partial_episodes,
+        check_values=check_values,
     )
     dataset = read_grouped(info.files, info.file_sizes, info.file_rows, info.filesystem)
     fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
