@@ -185,11 +185,16 @@ def _check_file(
                 first_outside = f"{fact.path} at {_row(footer, outside, schema)}"
     except (pa.ArrowInvalid, OSError) as exc:
         raise DatasetError(
-            f"{fact.path}: columns {', '.join(rules.floats)} cannot be read "
+            f"{fact.path}: columns {', '.join(_value_columns(rules))} cannot be read "
             f"({' '.join(str(exc).split())}); expected readable Parquet data behind a valid "
             "footer (is the file corrupted?)"
         ) from None
     return _FileScan(rows, outside.rows, first_outside)
+
+
+def _value_columns(rules: _Rules) -> list[str]:
+    discrete = ("actions",) if rules.discrete_n is not None else ()
+    return [c for c in _VALUE_COLUMNS if c in rules.floats or c in discrete]
 
 
 def _leaf(footer: pq.ParquetFile, name: str) -> int:
