@@ -98,6 +98,7 @@ def check_value_columns(
     rules = _rules(schema, action_space, f"{resolved.root.rstrip('/')}/{METADATA_FILE}")
     checked, outside, first_outside = 0, 0, ""
     before = 0
+    total = sum(fact.num_rows for fact in facts)
     for fact in facts:
         groups = [
             g for g in range(fact.row_groups) if check == "full" or (before + g) % SAMPLE_EVERY == 0
@@ -117,28 +118,30 @@ def check_value_columns(
         warning = (
             f"column {column_label('actions', schema.column_map)} has components outside "
             f"action_space's bounds [{low}, {high}] ({rules.space_file}) in {outside} of "
-            f"{checked} rows, first in {first_outside}; kept as recorded (recorders often "
-            "store actions before the environment clips them)"
+            f"{_of_rows(checked, total, check)}, first in {first_outside}; kept as recorded "
+            "(recorders often store actions before the environment clips them)"
         )
     return ValueFacts(check, checked, outside, warning)
 
 
 def _rules(schema: EpisodeSchema, action_space: Space | None, space_file: str) -> _Rules:
-    floats = ("obs", "new_obs" if schema.has_new_obs else "")
-    floats += ("actions" if not schema.discrete_actions else "", "rewards")
+    floats = [c for c in _VALUE_COLUMNS if c != "new_obs" or schema.has_new_obs]
     discrete_n = low = high = None
-    if action_space is not None and schema.discrete_actions:
-        discrete_n = action_space.n
-    if action_space is not None and not schema.discrete_actions:
+    if schema.discrete_actions:
+        floats.remove("actions")
+        discrete_n = None if action_space is None else action_space.n
+    elif action_space is not None:
         low, high = action_space.low, action_space.high
-    return _Rules(tuple(c for c in floats if c), discrete_n, low, high, space_file)
+    return _Rules(tuple(floats), discrete_n, low, high, space_file)
 
 
 @dataclass(frozen=True)
 class _FileScan:
     rows: int
+    """Rows of the row groups checked."""
     outside: int
     first_outside: str
+    """``PATH at eps_id ... t ...`` of the first row outside the box; ``""`` without one."""
 
 
 def _check_file(
@@ -149,34 +152,11 @@ def _check_file(
     rules: _Rules,
     check: CheckValues,
 ) -> _FileScan:
-    found = {column: _Found() for column in _VALUE_COLUMNS}
-    outside = _Found()
     try:
         with resolved.filesystem.open_input_file(fact.path) as handle:
             footer = pq.ParquetFile(handle)
-            actions_leaf = -1
-            if rules.discrete_n is not None:
-                actions_leaf = _leaf(footer, schema.column_map.get("actions", "actions"))
-            rows = 0
-            for group in groups:
-                row_group = footer.metadata.row_group(group)
-                rows += row_group.num_rows
-                columns = list(rules.floats)
-                if rules.discrete_n is not None and not _cleared(
-                    row_group.column(actions_leaf).statistics, rules.discrete_n
-                ):
-                    columns.append("actions")
-                on_disk = [schema.column_map.get(c, c) for c in columns]
-                table = footer.read_row_group(group, columns=on_disk, use_threads=False)
-                for column, values in zip(columns, table.columns, strict=True):
-                    flat, width = _flat(values)
-                    if column == "actions" and rules.discrete_n is not None:
-                        bad = (flat < 0) | (flat >= rules.discrete_n)
-                        found[column].add(bad, group, flat)
-                        continue
-                    found[column].add(_non_finite_rows(flat, width), group)
-                    if column == "actions" and (rules.low is not None or rules.high is not None):
-                        outside.add(_outside_rows(flat, width, rules), group)
+            found, outside = _scan(footer, groups, schema, rules)
+            rows = sum(footer.metadata.row_group(g).num_rows for g in groups)
             for column in _VALUE_COLUMNS:
                 if found[column].rows:
                     _refuse(footer, fact, column, found[column], rows, schema, rules, check)
@@ -190,6 +170,35 @@ def _check_file(
             "footer (is the file corrupted?)"
         ) from None
     return _FileScan(rows, outside.rows, first_outside)
+
+
+def _scan(
+    footer: pq.ParquetFile, groups: list[int], schema: EpisodeSchema, rules: _Rules
+) -> tuple[dict[str, _Found], _Found]:
+    """Offending rows per column, and rows outside the box, in ``groups`` of one file."""
+    found = {column: _Found() for column in _VALUE_COLUMNS}
+    outside = _Found()
+    bounded = rules.low is not None or rules.high is not None
+    actions_leaf = -1
+    if rules.discrete_n is not None:
+        actions_leaf = _leaf(footer, schema.column_map.get("actions", "actions"))
+    for group in groups:
+        columns = list(rules.floats)
+        if rules.discrete_n is not None:
+            statistics = footer.metadata.row_group(group).column(actions_leaf).statistics
+            if not _cleared(statistics, rules.discrete_n):
+                columns.append("actions")
+        on_disk = [schema.column_map.get(c, c) for c in columns]
+        table = footer.read_row_group(group, columns=on_disk)
+        for column, values in zip(columns, table.columns, strict=True):
+            flat, width = _flat(values)
+            if column == "actions" and rules.discrete_n is not None:
+                found[column].add((flat < 0) | (flat >= rules.discrete_n), group, flat)
+                continue
+            found[column].add(_non_finite_rows(flat, width), group)
+            if column == "actions" and bounded:
+                outside.add(_outside_rows(flat, width, rules), group)
+    return found, outside
 
 
 def _value_columns(rules: _Rules) -> list[str]:
@@ -252,7 +261,7 @@ def _refuse(
     check: CheckValues,
 ) -> None:
     label = column_label(column, schema.column_map)
-    of = f"{rows} rows" if check == "full" else f"the {rows} rows sampled of {fact.num_rows}"
+    of = _of_rows(rows, fact.num_rows, check)
     first = _row(footer, found, schema)
     if column == "actions" and rules.discrete_n is not None:
         n = rules.discrete_n
@@ -277,3 +286,7 @@ def _row(footer: pq.ParquetFile, found: _Found, schema: EpisodeSchema) -> str:
     eps_id, t, *module = (ids.column(name)[0].as_py() for name in on_disk)
     where = f"eps_id {eps_id!r} t {t}"
     return f"module_id {module[0]!r} {where}" if module else where
+
+
+def _of_rows(checked: int, total: int, check: CheckValues) -> str:
+    return f"{checked} rows" if check == "full" else f"the {checked} rows sampled of {total}"
