@@ -61,6 +61,7 @@ class FileFacts:
     maybe_null: tuple[str, ...] = ()
     """Canonical columns whose footer statistics report nulls or do not count them."""
     row_groups: int = 1
+    """Row groups in the file: the value checks read (and sample) one at a time."""
 
 
 def check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """Read an episode dataset: check it, fingerprint it, count it, then hand it to Ray Data.
 
 ``inspect_episodes`` does everything that needs no Ray (footer checks, nulls,
-``dataset.json``, episode structure across files, fingerprint, episode/task/module counts);
-``read_episodes`` adds the Ray Dataset, built only from files that passed. Columns arrive
-in canonical names and canonical types: observations and float actions as
+``dataset.json``, episode structure across files, values, fingerprint, episode/task/module
+counts); ``read_episodes`` adds the Ray Dataset, built only from files that passed. Columns
+arrive in canonical names and canonical types: observations and float actions as
 ``fixed_shape_tensor`` (so numpy batches are float32 ``[B, *shape]`` arrays, never object
 arrays) and ``t`` as int32.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
     import ray.data
 
 _HASH_CHUNK = 1 << 20
-_LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -121,7 +119,8 @@ def inspect_episodes(
     ``check_values`` scans ``obs``, ``new_obs``, ``rewards`` and ``actions`` for NaN, inf
     and actions outside ``dataset.json``'s action space in every row group (``full``), in
     one in 16 (``sample``), or not at all (``off``): see ``pipeline.contract.value_checks``.
-    Float actions outside a declared box are logged as a warning, not refused.
+    Float actions outside a declared box are not refused: ``values.warning`` says how many,
+    for the caller to show (``offmeta data validate`` prints it), and ``summary()`` counts them.
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
@@ -137,8 +136,6 @@ def inspect_episodes(
         check_task_ids(metadata, resolved, ids.task_ids)
     action_space = None if metadata is None else metadata.action_space
     values = check_value_columns(resolved, facts, schema, action_space, check_values)
-    if values.warning is not None:
-        _LOG.warning("%s", values.warning)
     fingerprint, sizes = _fingerprint(resolved, metadata_bytes)
     return DatasetInfo(
         schema=schema,

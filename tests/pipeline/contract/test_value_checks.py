@@ -159,7 +159,7 @@ def _break_column(path, column: str) -> None:
     path.write_bytes(bytes(broken))
 
 
-def test_float_actions_outside_a_box_are_a_warning(tmp_path, caplog):
+def test_float_actions_outside_a_box_are_a_warning(tmp_path):
     actions = np.zeros((6, 2), np.float32)
     actions[2] = [1.5, 0.0]
     actions[4] = [-2.0, 3.0]
@@ -174,7 +174,6 @@ def test_float_actions_outside_a_box_are_a_warning(tmp_path, caplog):
     )
     assert (info.values.actions_outside_box, info.values.warning) == (2, warning)
     assert info.summary()["actions_outside_box"] == 2
-    assert [r.getMessage() for r in caplog.records] == [warning]
 
     _action_space(tmp_path, kind="box", shape=[2], high=1.5)
     info = inspect_episodes(tmp_path)
