@@ -48,7 +48,7 @@ class DatasetInfo:
     metadata: dict[str, Any]
     """``dataset.json`` as parsed JSON; ``{}`` when the dataset has none."""
     fingerprint: str
-    """sha256 hex digest of the files and ``dataset.json`` (see data/README.md)."""
+    """sha256 hex digest of the files and ``dataset.json`` (docs/data-contract.md#fingerprint)."""
     files: tuple[str, ...]
     """Sorted paths on ``filesystem``."""
     file_sizes: tuple[int, ...]
@@ -106,7 +106,7 @@ def inspect_episodes(
     Raises ``DatasetError`` naming the file, the column, what was found and what was
     expected. ``column_map`` maps canonical names to names on disk.
     ``allow_partial_episodes`` accepts episodes that do not start at ``t = 0``, miss steps
-    or carry an end flag before their last step (see data/README.md, Episodes).
+    or carry an end flag before their last step (see docs/data-contract.md#episodes).
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
