@@ -54,7 +54,7 @@ class DataConfig(BaseModel):
     allow_partial_episodes: bool = Field(
         False,
         description="Accept episodes that do not start at t 0, miss steps or carry an end "
-        "flag before their last step (a knowingly partial dataset; see data/README.md).",
+        "flag before their last step (knowingly partial data; see docs/data-contract.md#episodes).",
     )
     check_values: CheckValues = Field(
         "full",
@@ -102,7 +102,7 @@ class LearnersConfig(MetaConfig):
         0,
         ge=0,
         description="0: train in this process. N > 0: N Ray Train workers, each with M tasks "
-        "per meta-batch, meta-gradients averaged (see README, Scale out).",
+        "per meta-batch, meta-gradients averaged (see docs/scale-out.md).",
     )
 
     def meta_config(self) -> MetaConfig:

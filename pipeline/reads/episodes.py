@@ -49,7 +49,7 @@ class DatasetInfo:
     metadata: dict[str, Any]
     """``dataset.json`` as parsed JSON; ``{}`` when the dataset has none."""
     fingerprint: str
-    """sha256 hex digest of the files and ``dataset.json`` (see data/README.md)."""
+    """sha256 hex digest of the files and ``dataset.json`` (docs/data-contract.md#fingerprint)."""
     files: tuple[str, ...]
     """Sorted paths on ``filesystem``."""
     file_sizes: tuple[int, ...]
@@ -115,7 +115,7 @@ def inspect_episodes(
     Raises ``DatasetError`` naming the file, the column, what was found and what was
     expected. ``column_map`` maps canonical names to names on disk.
     ``allow_partial_episodes`` accepts episodes that do not start at ``t = 0``, miss steps
-    or carry an end flag before their last step (see data/README.md, Episodes).
+    or carry an end flag before their last step (see docs/data-contract.md#episodes).
     ``check_values`` scans ``obs``, ``new_obs``, ``rewards`` and ``actions`` for NaN, inf
     and actions outside ``dataset.json``'s action space in every row group (``full``), in
     one in 16 (``sample``), or not at all (``off``): see ``pipeline.contract.value_checks``.

@@ -259,10 +259,10 @@ def _natural(paths) -> list[Path]:
 
 @pytest.mark.timeout(300)
 def test_the_data_readme_s3_commands_run(s3_endpoint, tmp_path):
-    """The bash block of data/README.md's "On S3" against the loopback server (the fixture
+    """The bash block of docs/data-contract.md's "On S3" against the loopback server (the fixture
     sets the AWS variables its exports set); outputs go to ``tmp_path`` instead of /tmp."""
-    text = (REPO / "data" / "README.md").read_text()
-    section = text.split("## On S3\n", 1)[1].split("\n## ", 1)[0]
+    text = (REPO / "docs" / "data-contract.md").read_text()
+    section = text.split("## On S3 {#on-s3}\n", 1)[1].split("\n## ", 1)[0]
     lines = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)[0].splitlines()
     assert [line.split()[1].split("=")[0] for line in lines[:2]] == [
         "AWS_ENDPOINT_URL",
