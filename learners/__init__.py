@@ -38,6 +38,7 @@ from learners.params import (
     detach_params,
     params_from_modules,
 )
+from learners.torch_compat import SUPPORTED_TORCH
 from learners.training.loop import HISTORY_METRICS, History, run_meta_training
 from learners.transforms import Transform, chain, global_norm
 
@@ -46,6 +47,7 @@ __all__ = [
     "HISTORY_METRICS",
     "LOSSES",
     "MLP",
+    "SUPPORTED_TORCH",
     "Batch",
     "DifferentiableLearner",
     "GaussianMLP",

@@ -61,7 +61,8 @@ class NonFiniteState(NamedTuple):
     inner: Any
     """The wrapped rule's state."""
     norm: Tensor
-    """Global norm of the last step's incoming updates (NaN or inf when non-finite)."""
+    """Global norm of the last step's incoming updates (NaN or inf when non-finite), without
+    autograd history: a record, never differentiated."""
     finite: Tensor
     """Whether that norm was finite (0-d bool)."""
 
@@ -128,7 +129,8 @@ def skip_nonfinite(rule: Transform, *, foreach: bool = False, differentiated: bo
 
     `differentiated`: the step is differentiated through (the inner update). Then a
     non-finite step's updates are zeroed before `rule` sees them: in the branch the selection
-    discards, a NaN would still reach the meta-gradient as 0 times NaN.
+    discards, a NaN would still reach the meta-gradient as 0 times NaN. Otherwise the norm
+    measured here is handed to `rule`'s first link (a clip need not measure it again).
     """
 
     def init(params: Sequence[Tensor]) -> NonFiniteState:
@@ -140,13 +142,17 @@ def skip_nonfinite(rule: Transform, *, foreach: bool = False, differentiated: bo
         norm = global_norm(updates, foreach=foreach)
         finite = torch.isfinite(norm)
         keep = finite if inputs.allowed is None else finite & inputs.allowed
-        passed = norm
         if differentiated:
             updates = [torch.where(finite, u, 0.0) for u in updates]
-            passed = torch.where(finite, norm, 0.0)
-        steps, inner = rule.update(updates, state.inner, inputs._replace(norm=passed))
+            # Not handed on: its derivative at a non-finite step is NaN even where the
+            # selection discards it; a clip measures the zeroed updates again.
+            inputs = inputs._replace(norm=None)
+        else:
+            inputs = inputs._replace(norm=norm)
+        steps, inner = rule.update(updates, state.inner, inputs)
         steps = [torch.where(keep, s, 0.0) for s in steps]
-        return steps, NonFiniteState(keep_where(keep, inner, state.inner), norm, finite)
+        kept = keep_where(keep, inner, state.inner)
+        return steps, NonFiniteState(kept, norm.detach(), finite)
 
     return Transform(init, update)
 
@@ -164,7 +170,7 @@ def zero_nonfinite(rule: Transform, *, foreach: bool = False) -> Transform:
         norm = global_norm(updates, foreach=foreach)
         zeroed = [torch.nan_to_num(u, nan=0.0, posinf=0.0, neginf=0.0) for u in updates]
         steps, inner = rule.update(zeroed, state.inner, inputs)
-        return steps, NonFiniteState(inner, norm, torch.isfinite(norm))
+        return steps, NonFiniteState(inner, norm.detach(), torch.isfinite(norm))
 
     return Transform(init, update)
 

@@ -150,7 +150,7 @@ class DifferentiableLearner:
             losses_mean[m], metrics[m] = _summarize(module_records)
             if self.config.nonfinite == "error":
                 with torch.no_grad():
-                    finite = torch.isfinite(global_norm(list(current[m].values())))
+                    finite = torch.isfinite(global_norm(current[m]))
                 metrics[m]["nonfinite"] = (~finite).to(losses_mean[m].dtype)
         if self.config.nonfinite == "error" and not _inside_vmap():
             raise_on_nonfinite(metrics, "the updated parameters are non-finite")
@@ -188,10 +188,10 @@ class DifferentiableLearner:
         """One module's new parameters and optimizer state, and whether its gradient was
         non-finite (None under nonfinite='error', which checks the result instead)."""
         values = list(params.values())
+        # torch.func.grad returns the dict it differentiated, keys in the same order.
+        gradients = list(grads.values())
         if self.config.first_order:
-            gradients = [grads[n].detach() for n in params]
-        else:
-            gradients = [grads[n] for n in params]
+            gradients = [g.detach() for g in gradients]
         if state is None:
             state = self._optimizer.init(values)
         inputs = StepInputs(values, None if rates is None else [rates[n] for n in params])

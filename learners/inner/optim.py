@@ -22,20 +22,17 @@ from torch import Tensor
 from learners.config import InnerConfig
 from learners.params import Params
 from learners.transforms import (
-    EmptyState,
     StepInputs,
     Tensors,
     Transform,
     chain,
     clip_by_global_norm,
     skip_nonfinite,
+    stateless,
     zero_nonfinite,
 )
 
 NamedTensors = dict[str, Tensor]
-
-LearningRate = float | Mapping[str, Tensor]
-"""A float for every parameter, or one tensor per parameter name broadcastable to it."""
 
 
 class MomentumState(NamedTuple):
@@ -104,14 +101,12 @@ def scale_by_learning_rate(lr: float) -> Transform:
     """Each direction times its learning rate: the step's `inputs.rates` (Meta-SGD) when
     given, else `lr`."""
 
-    def update(
-        directions: Tensors, state: EmptyState, inputs: StepInputs
-    ) -> tuple[Tensors, EmptyState]:
+    def scale(directions: Tensors, inputs: StepInputs) -> Tensors:
         if inputs.rates is None:
-            return [d * lr for d in directions], state
-        return [r * d for r, d in zip(inputs.rates, directions, strict=True)], state
+            return [d * lr for d in directions]
+        return [r * d for r, d in zip(inputs.rates, directions, strict=True)]
 
-    return Transform(lambda params: EmptyState(), update)
+    return stateless(scale)
 
 
 _DIRECTIONS: dict[str, Callable[[InnerConfig], tuple[Transform, ...]]] = {

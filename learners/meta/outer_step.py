@@ -108,7 +108,7 @@ class OuterRule:
     slots: type[NamedTuple] | None = field(init=False, compare=False, repr=False)
     """The state type of the link that keeps torch's slots (None: SGD without momentum);
     its field names are the slot names."""
-    _slot_link: int = field(init=False, compare=False, repr=False)
+    _slot_link: int | None = field(init=False, compare=False, repr=False)
     _links: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -124,7 +124,7 @@ class OuterRule:
         elif self.momentum:
             slots = TorchMomentumState
             links.append(scale_by_torch_momentum(self.momentum))
-        slot_link = len(links) - 1 if slots is not None else -1
+        slot_link = len(links) - 1 if slots is not None else None
         links.append(scale_by_group_lrs(self.lrs))
         transform = skip_nonfinite(chain(*links), foreach=True, differentiated=False)
         # A frozen dataclass: the derived fields are set once, here.
@@ -155,7 +155,7 @@ class OuterRule:
     def opt_state(self, slots: Any, norm: Tensor, finite: Tensor) -> NonFiniteState:
         """The transform's state around `slots` (a `self.slots`, or None without one)."""
         links: list[Any] = [EmptyState()] * self._links
-        if self._slot_link >= 0:
+        if self._slot_link is not None:
             links[self._slot_link] = slots
         return NonFiniteState(tuple(links), norm, finite)
 
