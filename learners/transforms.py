@@ -101,7 +101,8 @@ def global_norm(
     tensors: Sequence[Tensor] | Mapping[str, Tensor], *, foreach: bool = False
 ) -> Tensor:
     """The L2 norm of all tensors together (non-finite if any entry is)."""
-    tensors = list(tensors.values()) if isinstance(tensors, Mapping) else list(tensors)
+    if isinstance(tensors, Mapping):
+        tensors = list(tensors.values())
     if torch.compiler.is_compiling():
         # torch.compile lowers neither vector norms under vmap nor the foreach norm to fused
         # code; a sum of squares is one fused reduction.

@@ -10,7 +10,7 @@ checkpoint format (`learners.meta.outer_step.OuterStep` reads and writes them).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -42,15 +42,16 @@ class TorchMomentumState(NamedTuple):
     momentum_buffer: Tensors
 
 
+_Slots = TypeVar("_Slots", TorchAdamState, TorchMomentumState)
+
+
 def scale_by_torch_adam(betas: tuple[float, float], eps: float) -> Transform:
     """torch.optim.Adam's direction `m_hat / (sqrt(v_hat) + eps)`, in torch's order of
     operations."""
     beta1, beta2 = betas
 
     def init(params: Sequence[Tensor]) -> TorchAdamState:
-        zeros = [torch.zeros_like(p) for p in params]
-        steps = [torch.zeros((), dtype=p.dtype, device=p.device) for p in params]
-        return TorchAdamState(steps, zeros, [torch.zeros_like(p) for p in params])
+        return _initial(TorchAdamState, params)
 
     def update(
         grads: Tensors, state: TorchAdamState, inputs: StepInputs
@@ -80,7 +81,7 @@ def scale_by_torch_momentum(momentum: float) -> Transform:
     first value is the gradient, as torch's is."""
 
     def init(params: Sequence[Tensor]) -> TorchMomentumState:
-        return TorchMomentumState([torch.zeros_like(p) for p in params])
+        return _initial(TorchMomentumState, params)
 
     def update(
         grads: Tensors, state: TorchMomentumState, inputs: StepInputs
@@ -114,3 +115,17 @@ def scale_by_group_lrs(lrs: tuple[float, ...]) -> Transform:
         return [d * lr for d, lr in zip(directions, lrs, strict=True)]
 
     return stateless(scale)
+
+
+def initial_slot(name: str, leaf: Tensor) -> Tensor:
+    """What torch.optim's first `step()` creates as slot `name` of `leaf`."""
+    if name == "step":
+        # torch keeps a non-capturable Adam's step on the CPU, in the default float type.
+        device = leaf.device if leaf.device.type != "cpu" else None
+        dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        return torch.zeros((), dtype=dtype, device=device)
+    return torch.zeros_like(leaf, memory_format=torch.preserve_format)
+
+
+def _initial(state: type[_Slots], params: Sequence[Tensor]) -> _Slots:
+    return state(*([initial_slot(name, p) for p in params] for name in state._fields))

@@ -29,6 +29,7 @@ from learners.meta.outer_optim import (
     TorchAdamState,
     TorchMomentumState,
     add_decayed_weights,
+    initial_slot,
     scale_by_group_lrs,
     scale_by_torch_adam,
     scale_by_torch_momentum,
@@ -243,8 +244,8 @@ class OuterStep:
             per_name: dict[str, list[Tensor]] = {name: [] for name in kind._fields}
             for leaf in self._leaves:
                 entry = self._optimizer.state[leaf]
-                if not entry:
-                    self._init_entry(entry, leaf, kind._fields)
+                if not entry:  # torch's own initial state: what its first step() creates
+                    entry.update({name: initial_slot(name, leaf) for name in kind._fields})
                 step = entry.get("step")
                 if step is not None and step.device != leaf.device and leaf.device.type != "cpu":
                     # A checkpoint from a CPU run keeps Adam's step on the CPU; on a GPU it
@@ -300,17 +301,6 @@ class OuterStep:
             f"met in {{count}} of {int(failure.num_tasks)} tasks at weights_seq_no {seq_no}",
         )
 
-    def _init_entry(self, entry: dict, leaf: Tensor, names: tuple[str, ...]) -> None:
-        """Torch's own initial state for `leaf` (what its first `step()` would create)."""
-        for name in names:
-            if name == "step":
-                # torch keeps a non-capturable Adam's step on the CPU, in the default float
-                # type.
-                device = leaf.device if leaf.device.type != "cpu" else None
-                entry[name] = torch.zeros((), dtype=_scalar_dtype(), device=device)
-            else:
-                entry[name] = torch.zeros_like(leaf, memory_format=torch.preserve_format)
-
 
 def copy_state(live: OuterState, new: OuterState) -> None:
     """Copy every tensor of `new` into the same place of `live`."""
@@ -328,7 +318,3 @@ def _no_failure(like: Tensor, modules: int) -> Failure:
         return torch.zeros(shape, dtype=dtype, device=like.device)
 
     return Failure(zeros(), zeros(), zeros(dtype=like.dtype), zeros(modules), zeros())
-
-
-def _scalar_dtype() -> torch.dtype:
-    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
