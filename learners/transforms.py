@@ -143,17 +143,18 @@ def skip_nonfinite(rule: Transform, *, foreach: bool = False, differentiated: bo
         norm = global_norm(updates, foreach=foreach)
         finite = torch.isfinite(norm)
         keep = finite if inputs.allowed is None else finite & inputs.allowed
+        zero = norm.new_zeros(())  # one tensor: a Python 0.0 would make one per where
         if differentiated:
-            updates = [torch.where(finite, u, 0.0) for u in updates]
+            updates = [torch.where(finite, u, zero) for u in updates]
             # Not handed on: its derivative at a non-finite step is NaN even where the
             # selection discards it; a clip measures the zeroed updates again.
             inputs = inputs._replace(norm=None)
         else:
             inputs = inputs._replace(norm=norm)
         steps, inner = rule.update(updates, state.inner, inputs)
-        steps = [torch.where(keep, s, 0.0) for s in steps]
+        steps = [torch.where(keep, s, zero) for s in steps]
         kept = keep_where(keep, inner, state.inner)
-        return steps, NonFiniteState(kept, norm.detach(), finite)
+        return steps, NonFiniteState(kept, norm.detach() if differentiated else norm, finite)
 
     return Transform(init, update)
 

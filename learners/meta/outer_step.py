@@ -168,22 +168,23 @@ def outer_update(
     `grad_norm` (before clipping), `outer_skipped` (1 when outer.nonfinite='skip' left a
     non-finite step out) and `weights_seq_no`, all tensors."""
     old = state.failure
-    kind = torch.zeros_like(old.kind)
     inner_tasks = old.inner_tasks
     num_tasks = old.num_tasks
-    allowed = old.kind == _NONE
+    failed_before = old.kind != _NONE
+    allowed = ~failed_before
     if inner is not None:
         inner_tasks = inner.tasks.to(old.inner_tasks.dtype)
         num_tasks = torch.full_like(old.num_tasks, inner.num_tasks)
         inner_failed = inner_tasks.sum() > 0
-        kind = torch.where(inner_failed, _INNER, kind)
         allowed = allowed & ~inner_failed
     inputs = StepInputs(state.leaves, allowed=allowed)
     steps, opt = rule.transform.update(grads, state.opt, inputs)
     norm, finite = opt.norm, opt.finite
+    kind = torch.zeros_like(old.kind)
     if rule.outer_error:
-        kind = torch.where(finite | (kind != _NONE), kind, _OUTER)
-    failed_before = old.kind != _NONE
+        kind = torch.where(finite, kind, _OUTER)
+    if inner is not None:  # an inner failure is the one reported
+        kind = torch.where(inner_failed, _INNER, kind)
     current = Failure(kind, state.seq_no, norm.to(old.norm.dtype), inner_tasks, num_tasks)
     pairs = zip(old, current, strict=True)
     failure = Failure(*(torch.where(failed_before, o, c) for o, c in pairs))
