@@ -17,7 +17,7 @@ from learners.inner.differentiable import (
     NonFiniteGradientError,
     UpdateResult,
 )
-from learners.inner.optim import InnerOptimizer, global_norm, init_log_lrs, lrs_from_log
+from learners.inner.optim import init_log_lrs, inner_optimizer, lrs_from_log
 from learners.losses import (
     LOSSES,
     LossFn,
@@ -38,19 +38,21 @@ from learners.params import (
     detach_params,
     params_from_modules,
 )
+from learners.torch_compat import SUPPORTED_TORCH
 from learners.training.loop import HISTORY_METRICS, History, run_meta_training
+from learners.transforms import Transform, chain, global_norm
 
 __all__ = [
     "DEFAULT_MODULE_ID",
     "HISTORY_METRICS",
     "LOSSES",
     "MLP",
+    "SUPPORTED_TORCH",
     "Batch",
     "DifferentiableLearner",
     "GaussianMLP",
     "History",
     "InnerConfig",
-    "InnerOptimizer",
     "LossFn",
     "MetaBatch",
     "MetaConfig",
@@ -63,16 +65,19 @@ __all__ = [
     "NonFiniteGradientError",
     "OuterConfig",
     "Params",
+    "Transform",
     "UpdateResult",
     "buffers_from_modules",
     "build_model",
     "build_models",
+    "chain",
     "check_meta_batch",
     "cross_entropy_loss",
     "detach_params",
     "gaussian_nll_loss",
     "global_norm",
     "init_log_lrs",
+    "inner_optimizer",
     "lrs_from_log",
     "merge_reduced",
     "mse_loss",

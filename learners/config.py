@@ -202,7 +202,8 @@ class MetaConfig(BaseModel):
                 )
         first_order, allowed_lrs, default_lr = _ALGORITHMS[self.algorithm]
         given = self.inner.model_fields_set
-        update: dict[str, object] = {}
+        inner: dict[str, object] = {}
+        outer: dict[str, object] = {}
         if first_order is not None:
             if "first_order" in given and self.inner.first_order != first_order:
                 raise ValueError(
@@ -210,24 +211,35 @@ class MetaConfig(BaseModel):
                     f"choose {'fomaml' if first_order is False else 'maml'} instead, "
                     "or drop inner.first_order"
                 )
-            update["first_order"] = first_order
+            inner["first_order"] = first_order
         if "learned_lr" not in given:
-            update["learned_lr"] = default_lr
+            inner["learned_lr"] = default_lr
         elif self.inner.learned_lr not in allowed_lrs:
             hint = "use algorithm 'metasgd'" if self.algorithm != "metasgd" else "pick one"
             raise ValueError(
                 f"algorithm {self.algorithm!r} needs inner.learned_lr in {list(allowed_lrs)}, "
                 f"got {self.inner.learned_lr!r}; {hint}"
             )
-        if update:
-            self.inner = self.inner.model_copy(update=update)
         if self.algorithm == "macaw":
-            resolve_macaw(self)
+            macaw = resolve_macaw(
+                self.macaw,
+                self.modules,
+                self.modules_to_update,
+                {"inner": given, "outer": self.outer.model_fields_set},
+            )
+            self.macaw, self.modules = macaw.macaw, macaw.modules
+            inner.update(macaw.inner)
+            outer.update(macaw.outer)
         elif self.macaw is not None:
             raise ValueError(
                 f"the macaw section applies to algorithm 'macaw', not {self.algorithm!r}; "
                 "drop it or set algorithm: macaw"
             )
+        # The validator owns the config it builds: the sections are replaced, never changed.
+        if inner:
+            self.inner = self.inner.model_copy(update=inner)
+        if outer:
+            self.outer = self.outer.model_copy(update=outer)
         return self
 
     @property

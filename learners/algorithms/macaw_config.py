@@ -4,14 +4,13 @@ modules' roles, heads and losses, and the authors' rates unless the config state
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from learners.models.spec import DEFAULT_MODULE_ID, ModuleSpec
-
-if TYPE_CHECKING:
-    from learners.config import MetaConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -53,34 +52,51 @@ class MacawConfig(BaseModel):
     )
 
 
-# Values MACAW takes from the authors' released config unless the config states its own:
-# (section, field) -> value; the value function's outer rate goes to outer.module_lr.
-_MACAW_DEFAULTS = {("inner", "lr"): 1e-3, ("outer", "lr"): 1e-4, ("outer", "log_lr_lr"): 1e-3}
+# Values MACAW takes from the authors' released config unless the config states its own, per
+# section; the value function's outer rate goes to outer.module_lr.
+_MACAW_DEFAULTS = {"inner": {"lr": 1e-3}, "outer": {"lr": 1e-4, "log_lr_lr": 1e-3}}
 _MACAW_VALUE_LR = 1e-5
 
 
-def resolve_macaw(config: MetaConfig) -> None:
-    """Check ``config``'s modules for algorithm 'macaw' and fill in its settings and rates
-    (called by ``MetaConfig``'s validator, which owns ``config``)."""
-    macaw = config.macaw if config.macaw is not None else MacawConfig()
+class MacawResolution(NamedTuple):
+    """What algorithm 'macaw' fixes in a `MetaConfig`: the values its fields take."""
+
+    macaw: MacawConfig
+    """The macaw section, defaults filled in."""
+    modules: dict[str, ModuleSpec]
+    """The modules, the value function reading the policy's rows."""
+    inner: dict[str, Any]
+    """Fields of the inner section to set (the authors' rates the config does not state)."""
+    outer: dict[str, Any]
+    """Fields of the outer section to set, likewise."""
+
+
+def resolve_macaw(
+    macaw: MacawConfig | None,
+    modules: Mapping[str, ModuleSpec],
+    modules_to_update: list[str] | None,
+    given: Mapping[str, AbstractSet[str]],
+) -> MacawResolution:
+    """Check a `MetaConfig`'s `modules` (and `modules_to_update`) for algorithm 'macaw' and
+    return the values it fixes; `given` names the fields the config states, per section
+    ('inner', 'outer'). Nothing passed in is changed."""
+    macaw = macaw if macaw is not None else MacawConfig()
     roles = {"policy": macaw.policy, "value": macaw.value}
-    missing = [f"{m!r} ({role})" for role, m in roles.items() if m not in config.modules]
+    missing = [f"{m!r} ({role})" for role, m in roles.items() if m not in modules]
     if missing or macaw.policy == macaw.value:
         raise ValueError(
             f"algorithm 'macaw' needs two modules, a policy and a value function "
             f"(macaw.policy {macaw.policy!r}, macaw.value {macaw.value!r}); modules has "
-            f"{sorted(config.modules)}, missing: {', '.join(missing) or 'none'}"
+            f"{sorted(modules)}, missing: {', '.join(missing) or 'none'}"
         )
-    policy, value = config.modules[macaw.policy], config.modules[macaw.value]
-    if config.modules_to_update is not None and set(config.modules_to_update) != set(
-        roles.values()
-    ):
+    policy, value = modules[macaw.policy], modules[macaw.value]
+    if modules_to_update is not None and set(modules_to_update) != set(roles.values()):
         raise ValueError(
             f"algorithm 'macaw' trains its policy and value function together; "
-            f"modules_to_update is {config.modules_to_update}: drop it"
+            f"modules_to_update is {modules_to_update}: drop it"
         )
     default_loss = ModuleSpec.model_fields["loss"].default
-    with_loss = {m: config.modules[m].loss for m in roles.values()}
+    with_loss = {m: modules[m].loss for m in roles.values()}
     with_loss = {m: loss for m, loss in with_loss.items() if loss != default_loss}
     if with_loss:
         raise ValueError(
@@ -104,14 +120,12 @@ def resolve_macaw(config: MetaConfig) -> None:
             f"its own; got data_module {value.data_module!r} for {macaw.value!r} and "
             f"{policy.data_module!r} for {macaw.policy!r}"
         )
-    modules = dict(config.modules)
-    modules[macaw.value] = value.model_copy(update={"data_module": macaw.policy})
-    config.modules = modules
-    config.macaw = macaw
-    for (section, name), default in _MACAW_DEFAULTS.items():
-        part = getattr(config, section)
-        if name not in part.model_fields_set:
-            setattr(config, section, part.model_copy(update={name: default}))
-    if "module_lr" not in config.outer.model_fields_set:
-        module_lr = {macaw.value: _MACAW_VALUE_LR}
-        config.outer = config.outer.model_copy(update={"module_lr": module_lr})
+    resolved_modules = dict(modules)
+    resolved_modules[macaw.value] = value.model_copy(update={"data_module": macaw.policy})
+    sections = {
+        section: {name: v for name, v in defaults.items() if name not in given[section]}
+        for section, defaults in _MACAW_DEFAULTS.items()
+    }
+    if "module_lr" not in given["outer"]:
+        sections["outer"]["module_lr"] = {macaw.value: _MACAW_VALUE_LR}
+    return MacawResolution(macaw, resolved_modules, sections["inner"], sections["outer"])

@@ -15,20 +15,14 @@ import torch
 from torch import Tensor, nn
 
 from learners.config import InnerConfig
-from learners.inner.optim import (
-    InnerOptimizer,
-    LearningRate,
-    NamedTensors,
-    OptState,
-    clip_by_global_norm,
-    global_norm,
-    inside_vmap,
-    select,
-    select_state,
-    zero_nonfinite,
-)
+from learners.inner.optim import NamedTensors, inner_optimizer
 from learners.losses import LossFn, ModuleCall
 from learners.params import Batch, Params
+from learners.torch_compat import in_vmap
+from learners.transforms import StepInputs, descend, global_norm
+
+OptState = Any
+"""One module's inner-optimizer state: the state of `inner_optimizer(config)`'s chain."""
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -92,7 +86,8 @@ class DifferentiableLearner:
         self.modules_to_update: tuple[str, ...] = tuple(chosen)
         self._losses = {m: losses[m] for m in chosen}
         self._buffers = {m: dict((buffers or {}).get(m, {})) for m in self._modules}
-        self._optimizer = InnerOptimizer(config)
+        self._optimizer = inner_optimizer(config)
+        self._guarded = config.nonfinite != "error"
         # Each module differentiates its own flat dict (a nested pytree costs about 4% more
         # per step on a small MLP); the other modules' parameters enter its loss as they are.
         self._grad = torch.func.grad(self._module_loss_and_aux, has_aux=True)
@@ -103,7 +98,7 @@ class DifferentiableLearner:
 
     def init_opt_state(self, params: Params) -> dict[str, OptState]:
         """Zero inner-optimizer state for every updated module."""
-        return {m: self._optimizer.init(params[m]) for m in self.modules_to_update}
+        return {m: self._optimizer.init(list(params[m].values())) for m in self.modules_to_update}
 
     def update(
         self,
@@ -143,12 +138,9 @@ class DifferentiableLearner:
                     others = {k: v for k, v in current.items() if k != m}
                     grads[m], losses[m] = self._grad(current[m], m, others, batch[m])
                 for m in present:
-                    module_state = state.get(m)
-                    if module_state is None:
-                        module_state = self._optimizer.init(current[m])
-                    lr: LearningRate = self.config.lr if lrs is None else _module_lrs(lrs, m)
+                    rates = None if lrs is None else _module_lrs(lrs, m)
                     current[m], state[m], bad = self._step_module(
-                        current[m], grads[m], module_state, lr
+                        current[m], grads[m], state.get(m), rates
                     )
                     records.setdefault(m, []).append((losses[m].detach(), bad))
         if not records:
@@ -160,7 +152,7 @@ class DifferentiableLearner:
                 with torch.no_grad():
                     finite = torch.isfinite(global_norm(current[m]))
                 metrics[m]["nonfinite"] = (~finite).to(losses_mean[m].dtype)
-        if self.config.nonfinite == "error" and not inside_vmap():
+        if self.config.nonfinite == "error" and not _inside_vmap():
             raise_on_nonfinite(metrics, "the updated parameters are non-finite")
         return UpdateResult(current, losses_mean, metrics, state)
 
@@ -187,27 +179,25 @@ class DifferentiableLearner:
         return loss, loss
 
     def _step_module(
-        self, params: NamedTensors, grads: NamedTensors, state: OptState, lr: LearningRate
+        self,
+        params: NamedTensors,
+        grads: NamedTensors,
+        state: OptState | None,
+        rates: NamedTensors | None,
     ) -> tuple[NamedTensors, OptState, Tensor | None]:
-        config = self.config
-        if config.first_order:
-            grads = {n: g.detach() for n, g in grads.items()}
-        bad = None
-        if config.nonfinite != "error":
-            finite = torch.isfinite(global_norm(grads))
-            bad = ~finite
-            if config.nonfinite == "zero":
-                grads = zero_nonfinite(grads)
-            else:
-                # Zeroed first so the discarded branch of the final select holds no NaN.
-                grads = {n: torch.where(finite, g, 0.0) for n, g in grads.items()}
-        if config.clip_norm is not None:
-            grads = clip_by_global_norm(grads, config.clip_norm, global_norm(grads))
-        new_params, new_state = self._optimizer.step(params, grads, state, lr)
-        if config.nonfinite == "skip":
-            new_params = select(finite, new_params, params)
-            new_state = select_state(finite, new_state, state)
-        return new_params, new_state, bad
+        """One module's new parameters and optimizer state, and whether its gradient was
+        non-finite (None under nonfinite='error', which checks the result instead)."""
+        values = list(params.values())
+        # torch.func.grad returns the dict it differentiated, keys in the same order.
+        gradients = list(grads.values())
+        if self.config.first_order:
+            gradients = [g.detach() for g in gradients]
+        if state is None:
+            state = self._optimizer.init(values)
+        inputs = StepInputs(values, None if rates is None else [rates[n] for n in params])
+        steps, state = self._optimizer.update(gradients, state, inputs)
+        new_params = dict(zip(params, descend(values, steps), strict=True))
+        return new_params, state, ~state.finite if self._guarded else None
 
 
 def raise_on_nonfinite(metrics: Mapping[str, Mapping[str, Tensor]], what: str) -> None:
@@ -221,6 +211,13 @@ def raise_on_nonfinite(metrics: Mapping[str, Mapping[str, Tensor]], what: str) -
                 f"{what.format(count=int(count))}; lower inner.lr, "
                 "set inner.clip_norm, or choose inner.nonfinite 'skip' or 'zero'"
             )
+
+
+def _inside_vmap() -> bool:
+    """Whether the caller runs inside `torch.func.vmap` (where a tensor cannot steer Python
+    control flow, so a check that must raise has to wait until after the vmapped call), or
+    is being compiled by `torch.compile`, where the same holds."""
+    return torch.compiler.is_compiling() or in_vmap()
 
 
 def _module_lrs(lrs: Params, module_id: str) -> NamedTensors:

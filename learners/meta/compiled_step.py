@@ -33,9 +33,10 @@ from torch import Tensor
 from learners.meta.meta_batch import MetaBatch
 from learners.meta.outer_step import InnerCheck, OuterState, OuterStep, copy_state, outer_update
 from learners.params import Batch, Params
+from learners.torch_compat import dynamo_error, graphs_compiled, inductor_mode_options
 
 if TYPE_CHECKING:
-    from torch._dynamo.types import GuardFilterEntry
+    from learners.torch_compat import GuardFilterEntry
 
 _log = logging.getLogger(__name__)
 # The compiled function's arguments: their guards stay (`_kept_guards`).
@@ -140,16 +141,16 @@ class CompiledMetaStep:
         cuda_graphs = self._reduce_overhead and live.seq_no.is_cuda
         if cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        graphs = _graphs_compiled()
+        graphs = graphs_compiled()
         started = time.perf_counter()
         try:
             metrics = self._run(live, support, query)
-        except torch._dynamo.exc.TorchDynamoException as error:
+        except dynamo_error() as error:
             self._fall_back(f"compiling the meta-step failed: {_first_line(error)}")
             return None
-        if _graphs_compiled() != graphs:
+        if graphs_compiled() != graphs:
             self._record_compilation(
-                _graphs_compiled() - graphs, time.perf_counter() - started, num_tasks
+                graphs_compiled() - graphs, time.perf_counter() - started, num_tasks
             )
         if cuda_graphs:
             metrics = {k: v.clone() if isinstance(v, Tensor) else v for k, v in metrics.items()}
@@ -219,7 +220,7 @@ def _inductor_options(mode: str) -> dict[str, Any]:
     torch 2.11's inductor failed an assertion (`reorder_loops_by_dep_pair`) compiling the
     meta-step of 64 tasks on a 20-256-256-6 net for an H200 (bench/learners.py, large shape),
     in both modes; without it the step compiles."""
-    return {**torch._inductor.list_mode_options(mode), "loop_ordering_after_fusion": False}
+    return {**inductor_mode_options(mode), "loop_ordering_after_fusion": False}
 
 
 def _kept_guards(guards: list[GuardFilterEntry]) -> list[bool]:
@@ -249,12 +250,6 @@ def _root(name: str) -> str:
 def _num_tasks(batch: Batch) -> int:
     columns: Mapping[str, Tensor] = next(iter(batch.values()))
     return next(iter(columns.values())).shape[0]
-
-
-def _graphs_compiled() -> int:
-    # Dynamo counts every graph it hands to a backend; torch has no public per-function
-    # count, and this one costs a dict lookup.
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def _first_line(error: BaseException) -> str:

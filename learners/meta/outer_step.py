@@ -1,5 +1,6 @@
-"""The outer update as a pure function: global norm and clipping, the non-finite policies,
-Adam or SGD, and `weights_seq_no`, without reading anything back from the device.
+"""The outer update as a pure function: a chain of `learners.transforms` links (the
+non-finite policy around clipping, weight decay, Adam or SGD and the learning rates), and
+`weights_seq_no`, without reading anything back from the device.
 
 `outer_update(rule, state, grads, inner)` returns the next `OuterState` and the step's
 metrics as tensors. A non-finite value met under an `error` policy is recorded in the state
@@ -9,27 +10,45 @@ check point (one device sync instead of one per step). The eager meta-step runs 
 function as it is; the compiled one runs it inside its single compiled function.
 
 The moments live in the torch optimizer's own state (`torch.optim.Adam`'s `step`,
-`exp_avg`, `exp_avg_sq`; `torch.optim.SGD`'s `momentum_buffer`), created in torch's format
-when missing, so `optimizer.state_dict()` stays the checkpoint format and its
-`param_groups` give each leaf its learning rate.
+`exp_avg`, `exp_avg_sq`; `torch.optim.SGD`'s `momentum_buffer`: `learners.meta.outer_optim`),
+created in torch's format when missing, so `optimizer.state_dict()` stays the checkpoint
+format and its `param_groups` give each leaf its learning rate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from learners.config import OuterConfig
 from learners.inner.differentiable import NonFiniteGradientError, raise_on_nonfinite
-from learners.inner.optim import global_norm
+from learners.meta.outer_optim import (
+    TorchAdamState,
+    TorchMomentumState,
+    add_decayed_weights,
+    initial_slot,
+    scale_by_group_lrs,
+    scale_by_torch_adam,
+    scale_by_torch_momentum,
+)
+from learners.torch_compat import foreach_copy_
+from learners.transforms import (
+    EmptyState,
+    NonFiniteState,
+    StepInputs,
+    Transform,
+    chain,
+    clip_by_global_norm,
+    descend,
+    skip_nonfinite,
+    tree_tensors,
+)
 
 # Failure kinds, in `Failure.kind`.
 _NONE, _INNER, _OUTER = 0, 1, 2
-# Added to the norm before dividing, as torch.nn.utils.clip_grad_norm_ does.
-_CLIP_EPS = 1e-6
 
 
 class InnerCheck(NamedTuple):
@@ -61,10 +80,9 @@ class OuterState(NamedTuple):
 
     leaves: list[Tensor]
     """Meta-parameters of the trained modules, then learned log learning rates."""
-    slots: dict[str, list[Tensor]]
-    """Optimizer state by name (Adam: exp_avg, exp_avg_sq; SGD: momentum_buffer), per leaf."""
-    steps: list[Tensor]
-    """Adam's step count, one per leaf as torch keeps it (every leaf steps together)."""
+    opt: NonFiniteState
+    """The state of `OuterRule.transform`: torch's slots per leaf in the optimizer's link
+    (`OuterRule.slots`), and the last step's global norm and finiteness."""
     seq_no: Tensor
     """`weights_seq_no`: applied updates (int64)."""
     failure: Failure
@@ -73,7 +91,8 @@ class OuterState(NamedTuple):
 @dataclass(frozen=True)
 class OuterRule:
     """The constants of the outer update: the optimizer's hyper-parameters per leaf (from
-    its param groups) and the config's clipping and non-finite policies."""
+    its param groups), the config's clipping and non-finite policies, and the chain of links
+    they make."""
 
     optimizer: str
     lrs: tuple[float, ...]
@@ -83,6 +102,37 @@ class OuterRule:
     momentum: float
     clip_norm: float | None
     outer_error: bool
+    transform: Transform = field(init=False, compare=False, repr=False)
+    """skip_nonfinite(chain(clip, weight decay, Adam or momentum, learning rates)), each link
+    only where configured. Under outer.nonfinite='error' a non-finite step is skipped as
+    well: `outer_update` records it and halts."""
+    slots: type[NamedTuple] | None = field(init=False, compare=False, repr=False)
+    """The state type of the link that keeps torch's slots (None: SGD without momentum);
+    its field names are the slot names."""
+    _slot_link: int | None = field(init=False, compare=False, repr=False)
+    _links: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        links = (
+            [] if self.clip_norm is None else [clip_by_global_norm(self.clip_norm, foreach=True)]
+        )
+        if any(self.weight_decays):
+            links.append(add_decayed_weights(self.weight_decays))
+        slots: type[NamedTuple] | None = None
+        if self.optimizer == "adam":
+            slots = TorchAdamState
+            links.append(scale_by_torch_adam(self.betas, self.eps))
+        elif self.momentum:
+            slots = TorchMomentumState
+            links.append(scale_by_torch_momentum(self.momentum))
+        slot_link = len(links) - 1 if slots is not None else None
+        links.append(scale_by_group_lrs(self.lrs))
+        transform = skip_nonfinite(chain(*links), foreach=True, differentiated=False)
+        # A frozen dataclass: the derived fields are set once, here.
+        object.__setattr__(self, "transform", transform)
+        object.__setattr__(self, "slots", slots)
+        object.__setattr__(self, "_slot_link", slot_link)
+        object.__setattr__(self, "_links", len(links))
 
     @classmethod
     def of(
@@ -103,11 +153,12 @@ class OuterRule:
             outer_error=config.nonfinite == "error",
         )
 
-    @property
-    def slot_names(self) -> tuple[str, ...]:
-        if self.optimizer == "adam":
-            return ("exp_avg", "exp_avg_sq")
-        return ("momentum_buffer",) if self.momentum else ()
+    def opt_state(self, slots: Any, norm: Tensor, finite: Tensor) -> NonFiniteState:
+        """The transform's state around `slots` (a `self.slots`, or None without one)."""
+        links: list[Any] = [EmptyState()] * self._links
+        if self._slot_link is not None:
+            links[self._slot_link] = slots
+        return NonFiniteState(tuple(links), norm, finite)
 
 
 def outer_update(
@@ -116,34 +167,33 @@ def outer_update(
     """The state after one outer step with `grads` (one per leaf), and the step's metrics:
     `grad_norm` (before clipping), `outer_skipped` (1 when outer.nonfinite='skip' left a
     non-finite step out) and `weights_seq_no`, all tensors."""
-    norm = global_norm(grads)
-    finite = torch.isfinite(norm)
-    if rule.clip_norm is not None:
-        grads = torch._foreach_mul(grads, torch.clamp(rule.clip_norm / (norm + _CLIP_EPS), max=1.0))
     old = state.failure
-    kind = torch.zeros_like(old.kind)
-    if rule.outer_error:
-        kind = torch.where(finite, kind, _OUTER)
     inner_tasks = old.inner_tasks
     num_tasks = old.num_tasks
+    failed_before = old.kind != _NONE
+    allowed = ~failed_before
     if inner is not None:
         inner_tasks = inner.tasks.to(old.inner_tasks.dtype)
         num_tasks = torch.full_like(old.num_tasks, inner.num_tasks)
-        kind = torch.where(inner_tasks.sum() > 0, _INNER, kind)
-    failed_before = old.kind != _NONE
+        inner_failed = inner_tasks.sum() > 0
+        allowed = allowed & ~inner_failed
+    inputs = StepInputs(state.leaves, allowed=allowed)
+    steps, opt = rule.transform.update(grads, state.opt, inputs)
+    norm, finite = opt.norm, opt.finite
+    kind = torch.zeros_like(old.kind)
+    if rule.outer_error:
+        kind = torch.where(finite, kind, _OUTER)
+    if inner is not None:  # an inner failure is the one reported
+        kind = torch.where(inner_failed, _INNER, kind)
     current = Failure(kind, state.seq_no, norm.to(old.norm.dtype), inner_tasks, num_tasks)
     pairs = zip(old, current, strict=True)
     failure = Failure(*(torch.where(failed_before, o, c) for o, c in pairs))
-    apply = finite & (failure.kind == _NONE)
-    if rule.optimizer == "adam":
-        leaves, slots, steps = _adam(rule, state, grads)
-    else:
-        leaves, slots, steps = _sgd(rule, state, grads)
+    # What the transform applied: a finite step while nothing has failed.
+    applied = finite & allowed
     new = OuterState(
-        leaves=_select(apply, leaves, state.leaves),
-        slots={name: _select(apply, slots[name], state.slots[name]) for name in slots},
-        steps=_select(apply, steps, state.steps),
-        seq_no=state.seq_no + apply.to(state.seq_no.dtype),
+        leaves=descend(state.leaves, steps, foreach=True),
+        opt=opt,
+        seq_no=state.seq_no + applied.to(state.seq_no.dtype),
         failure=failure,
     )
     skipped = ~finite & (failure.kind == _NONE)
@@ -172,6 +222,9 @@ class OuterStep:
         self._seq_no = torch.zeros((), dtype=torch.int64, device=first.device)
         self._modules = tuple(modules)
         self._failure = _no_failure(first, len(modules))
+        # The last step's global norm and finiteness, written by every update.
+        self._norm = torch.zeros((), dtype=first.dtype, device=first.device)
+        self._finite = torch.ones((), dtype=torch.bool, device=first.device)
         self._live: OuterState | None = None
         self._live_source: object = None
 
@@ -186,23 +239,24 @@ class OuterStep:
         return self._live
 
     def _read_state(self) -> OuterState:
-        slots: dict[str, list[Tensor]] = {name: [] for name in self.rule.slot_names}
-        steps: list[Tensor] = []
-        stateless = not slots and self.rule.optimizer != "adam"  # SGD without momentum
-        for leaf in [] if stateless else self._leaves:
-            entry = self._optimizer.state[leaf]
-            if not entry:
-                self._init_entry(entry, leaf)
-            for name, tensors in slots.items():
-                tensors.append(entry[name])
-            if self.rule.optimizer == "adam":
-                step = entry["step"]
-                if step.device != leaf.device and leaf.device.type != "cpu":
+        kind = self.rule.slots
+        slots = None
+        if kind is not None:
+            per_name: dict[str, list[Tensor]] = {name: [] for name in kind._fields}
+            for leaf in self._leaves:
+                entry = self._optimizer.state[leaf]
+                if not entry:  # torch's own initial state: what its first step() creates
+                    entry.update({name: initial_slot(name, leaf) for name in kind._fields})
+                step = entry.get("step")
+                if step is not None and step.device != leaf.device and leaf.device.type != "cpu":
                     # A checkpoint from a CPU run keeps Adam's step on the CPU; on a GPU it
                     # belongs beside the leaf, or every update would copy it back.
-                    step = entry["step"] = step.to(leaf.device)
-                steps.append(step)
-        return OuterState(self._values, slots, steps, self._seq_no, self._failure)
+                    entry["step"] = step.to(leaf.device)
+                for name, tensors in per_name.items():
+                    tensors.append(entry[name])
+            slots = kind(**per_name)
+        opt = self.rule.opt_state(slots, self._norm, self._finite)
+        return OuterState(self._values, opt, self._seq_no, self._failure)
 
     def apply(self, grads: list[Tensor], inner: InnerCheck | None) -> dict[str, Tensor]:
         """One eager outer update of the live state; returns its metrics."""
@@ -248,88 +302,16 @@ class OuterStep:
             f"met in {{count}} of {int(failure.num_tasks)} tasks at weights_seq_no {seq_no}",
         )
 
-    def _init_entry(self, entry: dict, leaf: Tensor) -> None:
-        """Torch's own initial state for `leaf` (what its first `step()` would create)."""
-        for name in self.rule.slot_names:
-            entry[name] = torch.zeros_like(leaf, memory_format=torch.preserve_format)
-        if self.rule.optimizer == "adam":
-            # torch keeps a non-capturable Adam's step on the CPU, in the default float type.
-            device = leaf.device if leaf.device.type != "cpu" else None
-            entry["step"] = torch.zeros((), dtype=_scalar_dtype(), device=device)
-
 
 def copy_state(live: OuterState, new: OuterState) -> None:
     """Copy every tensor of `new` into the same place of `live`."""
     if torch.compiler.is_compiling():
         # One copy per tensor: torch.compile folds them into the kernels that produce them
-        # (and its lowering of one _foreach_copy_ over mixed dtypes and shapes lost values).
-        for target, value in zip(_flat(live), _flat(new), strict=True):
+        # (and its lowering of one foreach copy over mixed dtypes and shapes lost values).
+        for target, value in zip(tree_tensors(live), tree_tensors(new), strict=True):
             target.copy_(value)
     else:
-        torch._foreach_copy_(_flat(live), _flat(new))
-
-
-def _adam(
-    rule: OuterRule, state: OuterState, grads: list[Tensor]
-) -> tuple[list[Tensor], dict[str, list[Tensor]], list[Tensor]]:
-    """torch.optim.Adam's update (amsgrad off), out of place."""
-    leaves = state.leaves
-    if any(rule.weight_decays):
-        grads = [g + wd * p for g, p, wd in zip(grads, leaves, rule.weight_decays, strict=True)]
-    beta1, beta2 = rule.betas
-    step = state.steps[0] + 1
-    # In float64, as torch computes them from the step as a Python float: 1 - 0.999 ** t
-    # in float32 loses 4 or 5 digits to cancellation.
-    count = step.to(device=leaves[0].device, dtype=torch.float64)
-    dtype = leaves[0].dtype
-    correction1 = (1 - beta1**count).to(dtype)
-    correction2_sqrt = torch.sqrt(1 - beta2**count).to(dtype)
-    exp_avg = torch._foreach_lerp(state.slots["exp_avg"], grads, 1 - beta1)
-    exp_avg_sq = torch._foreach_mul(state.slots["exp_avg_sq"], beta2)
-    torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-    denominators = torch._foreach_sqrt(exp_avg_sq)
-    torch._foreach_div_(denominators, correction2_sqrt)
-    torch._foreach_add_(denominators, rule.eps)
-    directions = torch._foreach_div(exp_avg, denominators)
-    torch._foreach_div_(directions, correction1)
-    new_leaves = torch._foreach_add(leaves, _scaled(directions, rule.lrs))
-    slots = {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
-    return new_leaves, slots, [step] * len(leaves)
-
-
-def _sgd(
-    rule: OuterRule, state: OuterState, grads: list[Tensor]
-) -> tuple[list[Tensor], dict[str, list[Tensor]], list[Tensor]]:
-    """torch.optim.SGD's update (no dampening, no Nesterov), out of place. The momentum
-    buffer starts at zero, so its first value is the gradient, as torch's is."""
-    leaves = state.leaves
-    if any(rule.weight_decays):
-        grads = [g + wd * p for g, p, wd in zip(grads, leaves, rule.weight_decays, strict=True)]
-    slots: dict[str, list[Tensor]] = {}
-    if rule.momentum:
-        buffers = torch._foreach_mul(state.slots["momentum_buffer"], rule.momentum)
-        torch._foreach_add_(buffers, grads)
-        slots["momentum_buffer"] = grads = buffers
-    return torch._foreach_add(leaves, _scaled(grads, rule.lrs)), slots, []
-
-
-def _scaled(directions: list[Tensor], lrs: tuple[float, ...]) -> list[Tensor]:
-    """Each direction times minus its learning rate."""
-    if len(set(lrs)) == 1:
-        return torch._foreach_mul(directions, -lrs[0])
-    # A list of scalars has no torch.compile lowering; one product per tensor fuses.
-    return [d * -lr for d, lr in zip(directions, lrs, strict=True)]
-
-
-def _select(condition: Tensor, new: list[Tensor], old: list[Tensor]) -> list[Tensor]:
-    """`new` where the 0-d `condition` holds, else `old`, exactly (NaN in the other
-    branch does not leak)."""
-    return [torch.where(condition, n, o) for n, o in zip(new, old, strict=True)]
-
-
-def _flat(state: OuterState) -> list[Tensor]:
-    slots = [t for name in sorted(state.slots) for t in state.slots[name]]
-    return [*state.leaves, *slots, *state.steps, state.seq_no, *state.failure]
+        foreach_copy_(tree_tensors(live), tree_tensors(new))
 
 
 def _no_failure(like: Tensor, modules: int) -> Failure:
@@ -337,7 +319,3 @@ def _no_failure(like: Tensor, modules: int) -> Failure:
         return torch.zeros(shape, dtype=dtype, device=like.device)
 
     return Failure(zeros(), zeros(), zeros(dtype=like.dtype), zeros(modules), zeros())
-
-
-def _scalar_dtype() -> torch.dtype:
-    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32

@@ -17,6 +17,7 @@ from learners.algorithms.macaw import (
     advantage_weights,
     value_regression_loss,
 )
+from learners.algorithms.macaw_config import MacawConfig, resolve_macaw
 from tests.helpers.references import FD_STEP, central_differences
 from tests.helpers.tolerances import largest, rounding_tolerance
 
@@ -241,6 +242,19 @@ def test_defaults_are_the_authors_and_every_value_is_a_field():
     learner = MetaLearner(_config())
     groups = [(g["lr"], len(g["params"])) for g in learner._optimizer.param_groups]
     assert groups == [(1e-4, 8), (1e-5, 4), (1e-3, 12)]
+
+
+def test_resolving_macaw_returns_new_values_and_changes_nothing_it_was_given():
+    plain = MetaConfig.model_validate(_config(algorithm="maml", macaw=None))
+    modules = dict(plain.modules)
+    before = {m: spec.model_copy() for m, spec in modules.items()}
+    given = {"inner": frozenset(), "outer": frozenset({"lr"})}
+    resolved = resolve_macaw(None, modules, None, given)
+    assert modules == before and plain.modules[VALUE].data_module is None
+    assert resolved.modules[VALUE].data_module == POLICY
+    assert resolved.macaw == MacawConfig()
+    assert resolved.inner == {"lr": 1e-3}
+    assert resolved.outer == {"log_lr_lr": 1e-3, "module_lr": {VALUE: 1e-5}}
 
 
 def _error(config: dict) -> str:
