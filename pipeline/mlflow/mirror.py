@@ -28,6 +28,7 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
@@ -157,9 +158,12 @@ def mirror(store: ArtifactStore, spec: str, target: MlflowTarget) -> MirrorResul
             "is its highest version number, so a version registered now would become "
             f"{target.registered_model}@latest; versions are mirrored oldest first"
         )
-    for version in store.list_versions(parsed.name):
-        if newest < version <= upto:
-            done.append(_mirror_one(client, store, store.get(parsed.name, version), target))
+    # MLflow prints "View run ... at: URL" and registration notes to stdout: they go to stderr
+    # here, so that stdout carries only what the caller prints (a CLI's table or JSON).
+    with contextlib.redirect_stdout(sys.stderr):
+        for version in store.list_versions(parsed.name):
+            if newest < version <= upto:
+                done.append(_mirror_one(client, store, store.get(parsed.name, version), target))
     aliases, skipped = mirror_aliases(store, parsed.name, target, client=client)
     return MirrorResult(done, aliases, skipped)
 
