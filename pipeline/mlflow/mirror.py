@@ -31,7 +31,7 @@ import re
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -241,31 +241,33 @@ def _mirror_one(
         _log_run(client, run_id, manifest, exported)
         model_code = Path(scratch) / "offmeta_policy.py"
         model_code.write_text(MODEL_CODE)
-        with (
-            _tracking_uri(target.tracking_uri),
-            mlflow.start_run(run_id=run_id),
-            warnings.catch_warnings(),
-        ):
+        model_dir = Path(scratch) / MODEL_NAME
+        with warnings.catch_warnings():
             # MLflow suggests an input example and type hints: the input has no fixed schema.
             warnings.filterwarnings("ignore", category=UserWarning, module=r"mlflow\.")
-            logged = mlflow.pyfunc.log_model(
-                name=MODEL_NAME,
+            # Saved here and uploaded with the client, not log_model: the fluent API would set
+            # the process's global tracking URI (and MLFLOW_TRACKING_URI) to the target's.
+            mlflow.pyfunc.save_model(
+                path=model_dir,
                 python_model=str(model_code),
                 artifacts={file: str(exported / file) for file in ARTIFACT_FILES},
                 signature=_signature(),
                 pip_requirements=_requirements(),
             )
-            version = mlflow.register_model(
-                logged.model_uri,
-                target.registered_model,
-                tags={
-                    NAME_TAG: manifest.name,
-                    VERSION_TAG: str(manifest.version),
-                    DIGEST_TAG: manifest.params_digest,
-                },
-            )
-    client.update_model_version(
-        target.registered_model, version.version, description=_description(store, manifest)
+        client.log_artifacts(run_id, str(model_dir), MODEL_NAME)
+    client.set_terminated(run_id)
+    _ensure_registered_model(client, target.registered_model)
+    # The tags come with the version in one request: a version without them never exists.
+    version = client.create_model_version(
+        target.registered_model,
+        f"{run.info.artifact_uri}/{MODEL_NAME}",
+        run_id=run_id,
+        tags={
+            NAME_TAG: manifest.name,
+            VERSION_TAG: str(manifest.version),
+            DIGEST_TAG: manifest.params_digest,
+        },
+        description=_description(store, manifest),
     )
     return MirroredVersion(
         manifest.spec, target.registered_model, str(version.version), run_id, created=True
@@ -273,7 +275,7 @@ def _mirror_one(
 
 
 def _log_run(client: MlflowClient, run_id: str, manifest: Manifest, exported: Path) -> None:
-    """Params, metrics and artifacts of the run; the run ends FINISHED."""
+    """Params, metrics and artifacts (the model aside) of the run."""
     from mlflow.entities import Metric, Param
 
     timestamp = int(manifest.created_at.timestamp() * 1000)
@@ -304,7 +306,6 @@ def _log_run(client: MlflowClient, run_id: str, manifest: Manifest, exported: Pa
             client.log_artifact(run_id, str(path), "pictures")
         elif path.name in _RUN_FILES:
             client.log_artifact(run_id, str(path), "offmeta")
-    client.set_terminated(run_id)
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -386,17 +387,14 @@ def _requirements() -> list[str]:
     return [f"offmeta[mlflow]=={offmeta}", f"torch=={torch.__version__.split('+')[0]}"]
 
 
-@contextlib.contextmanager
-def _tracking_uri(uri: str) -> Iterator[None]:
-    """The fluent API (``log_model``, ``register_model``) talks to ``uri`` inside the block."""
-    import mlflow
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    from mlflow.exceptions import MlflowException
 
-    before = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
     try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(before)
+        client.get_registered_model(name)
+    except MlflowException:
+        with contextlib.suppress(MlflowException):  # another mirror created it meanwhile
+            client.create_registered_model(name)
 
 
 def _quoted(text: str) -> str:
