@@ -181,14 +181,10 @@ def mirrored_versions(
 
 
 def mirror_aliases(
-    store: ArtifactStore, name: str, target: MlflowTarget, *, client: MlflowClient | None = None
+    store: ArtifactStore, name: str, target: MlflowTarget, *, client: MlflowClient
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Point each MLflow alias at the MLflow version of its offmeta target; returns the aliases
     set and those skipped with the reason (an MLflow-reserved name, or an unmirrored target)."""
-    if client is None:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri=target.tracking_uri, registry_uri=target.tracking_uri)
     mirrored = mirrored_versions(client, target.registered_model, name)
     aliases: dict[str, str] = {}
     skipped: dict[str, str] = {}

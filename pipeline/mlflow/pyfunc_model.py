@@ -99,23 +99,26 @@ class OffmetaPolicy(mlflow.pyfunc.PythonModel):
                     "observations alone to predict with the meta-parameters)"
                 )
             support = {
-                "obs": self._tensor(model_input["support_obs"]),
-                "actions": self._tensor(model_input["support_actions"], actions=True),
+                "obs": self._tensor(model_input["support_obs"], module_id),
+                "actions": self._tensor(model_input["support_actions"], module_id, actions=True),
             }
             adapted = self.learner.adapt(None, {module_id: support})
-            obs = self._tensor(model_input["obs"])
+            obs = self._tensor(model_input["obs"], module_id)
         else:
-            obs = self._tensor(model_input)
+            obs = self._tensor(model_input, module_id)
         output = predict(self.learner, obs, module_id=module_id, params=adapted)
         if isinstance(output, dict):
             return {key: value.cpu().numpy() for key, value in output.items()}
         return output.cpu().numpy()
 
-    def _tensor(self, value: Any, *, actions: bool = False) -> torch.Tensor:
-        """``value`` as a tensor on the learner's device; floats in the learner's dtype,
-        integer actions (discrete) kept as int64."""
+    def _tensor(self, value: Any, module_id: str, *, actions: bool = False) -> torch.Tensor:
+        """``value`` as a tensor on the device of ``module_id``'s parameters, floats in their
+        dtype, integer actions (discrete) kept as int64."""
         array = np.asarray(value.to_numpy() if hasattr(value, "to_numpy") else value)
-        reference = next(iter(next(iter(self.learner.meta_params.values())).values()))
+        if module_id not in self.learner.meta_params:
+            modules = list(self.learner.config.modules)
+            raise KeyError(f"module {module_id!r} is not one of the learner's modules {modules}")
+        reference = next(iter(self.learner.meta_params[module_id].values()))
         tensor = torch.as_tensor(array, device=reference.device)
         if actions and not tensor.is_floating_point():
             return tensor.long()
