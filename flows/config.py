@@ -223,6 +223,40 @@ class EvaluationConfig(BaseModel):
         return tuple(sorted(set(steps)))
 
 
+class MlflowConfig(BaseModel):
+    """The MLflow model registry each published version is mirrored to (``pipeline.mlflow``).
+
+    The offmeta store stays the source of truth: the mirror runs after the version is
+    published, and a mirror that keeps failing only reports the version as not mirrored
+    (``offmeta artifacts mirror NAME --to mlflow`` backfills it later).
+    """
+
+    model_config = _STRICT
+
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking server, e.g. http://mlflow.internal:5000; null: the "
+        "MLFLOW_TRACKING_URI environment variable of the run.",
+    )
+    experiment: str = Field(
+        "offmeta",
+        min_length=1,
+        description="MLflow experiment the mirrored runs are logged in (created when missing).",
+    )
+    registered_model: str | None = Field(
+        None,
+        min_length=1,
+        description="Registered model each version becomes a version of; null: artifacts.name.",
+    )
+    attempts: int = Field(
+        3,
+        ge=1,
+        description="Tries of the mirror after a publish before the run reports the version "
+        "as not mirrored (the run itself still succeeds).",
+    )
+    retry_delay_s: float = Field(2.0, ge=0, description="Seconds between two tries.")
+
+
 class ArtifactsConfig(BaseModel):
     """Where results are published."""
 
@@ -234,6 +268,18 @@ class ArtifactsConfig(BaseModel):
         "endpoint and credentials from the standard AWS_* environment variables).",
     )
     name: str = Field(description="Artifact name; each run publishes its next version.")
+    mlflow: MlflowConfig | None = Field(
+        None,
+        description="Also mirror every published version to an MLflow model registry; null: "
+        "no mirror (docs/mlflow.md).",
+    )
+
+    @property
+    def registered_model(self) -> str | None:
+        """The MLflow registered model of the mirror (None without ``mlflow``)."""
+        if self.mlflow is None:
+            return None
+        return self.mlflow.registered_model or self.name
 
     @field_validator("root")
     @classmethod

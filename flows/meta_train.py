@@ -12,6 +12,8 @@ session, the run directory (``flows.runs.run_dirs``) and decides retries:
   workers; it retries ``training.retries`` times and resumes from its last checkpoint;
 - ``publish`` retries too; an idempotency key per run directory makes a retried publish,
   or a resumed run's, return the version the first attempt wrote;
+- with ``artifacts.mlflow``, ``mirror-to-mlflow`` mirrors the committed version to MLflow
+  (``flows.stages.mirroring``): it retries, and an outage is reported, never a failed run;
 - what ``flows.runs.retry_policy`` calls permanent (bad input, non-finite arithmetic) fails at
   once, since retrying would fail the same way.
 
@@ -44,6 +46,7 @@ from flows.runs.train_state import TrainResult
 from flows.scale_out import train_on_ray
 from flows.stages.datasets import Datasets, validate_datasets
 from flows.stages.evaluation import EvaluationReport, evaluate
+from flows.stages.mirroring import MirrorOutcome, mirror_markdown, mirror_published
 from flows.stages.publishing import prefect_artifact_keys, publish, show_in_prefect
 from flows.stages.train import train
 from pipeline.artifacts import ArtifactRef
@@ -68,6 +71,8 @@ class RunSummary:
     evaluation: EvaluationReport
     run_dir: str
     """The run directory (``training.checkpoint_dir/<run id>``)."""
+    mirror: str | None = None
+    """With ``artifacts.mlflow``: the mirror's outcome in one line (``MirrorOutcome.line``)."""
 
 
 @task(name="validate-dataset", cache_policy=NO_CACHE, persist_result=False)
@@ -129,6 +134,23 @@ def publish_result(
     return ref
 
 
+@task(name="mirror-to-mlflow", cache_policy=NO_CACHE, persist_result=False)
+def mirror_result(cfg: MetaTrainConfig, ref: ArtifactRef) -> MirrorOutcome:
+    """``flows.stages.mirroring.mirror_published`` (it retries and never fails the run), then
+    its Prefect report."""
+    outcome = mirror_published(cfg, ref, logger=_logger())
+    if _in_run():
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(
+            markdown=mirror_markdown(outcome, cfg.artifacts.mlflow.tracking_uri),
+            key=prefect_artifact_keys(cfg.artifacts.name)["mlflow"],
+            description=f"MLflow mirror of {ref}: "
+            + ("mirrored" if outcome.mirrored else "NOT mirrored"),
+        )
+    return outcome
+
+
 @flow(name="meta-train", persist_result=False)
 def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
     """Meta-train on ``cfg.data.train``, evaluate on ``cfg.data.heldout``, publish.
@@ -146,6 +168,7 @@ def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
             report = evaluate_learner(cfg, trained, datasets)
             ref = publish_result(cfg, trained, report, datasets, run.run_id)
             run.finish(str(ref), ref.uri)
+        mirrored = mirror_result(cfg, ref) if cfg.artifacts.mlflow is not None else None
     return RunSummary(
         artifact=str(ref),
         uri=ref.uri,
@@ -154,6 +177,7 @@ def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
         resumed_from=trained.resumed_from,
         evaluation=report,
         run_dir=str(run.path),
+        mirror=mirrored.line() if mirrored is not None else None,
     )
 
 

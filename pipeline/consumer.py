@@ -63,11 +63,20 @@ def load_learner(
             f"files: {', '.join(sorted(manifest.files))}); it was not published with "
             "learner_state_files(...): load its parameters with ArtifactStore.load_params"
         )
-    state = parse_state(
+    return learner_from_files(
         store.read_file(manifest, LEARNER_TENSORS),
         store.read_file(manifest, LEARNER_JSON),
         where=f"{manifest.spec} learner state",
+        device=device,
     )
+
+
+def learner_from_files(
+    tensor_bytes: bytes, json_bytes: bytes, *, where: str, device: str | torch.device = "cpu"
+) -> MetaLearner:
+    """The learner in the two ``learner_state_files`` (already verified by the caller), on
+    ``device``; ``where`` names them in errors. The caller's torch random state is kept."""
+    state = parse_state(tensor_bytes, json_bytes, where=where)
     device = torch.device(device)
     # set_state restores the training run's random state, which is no business of the caller.
     cuda = [device.index if device.index is not None else 0] if device.type == "cuda" else []

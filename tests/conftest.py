@@ -1,4 +1,5 @@
-"""Shared fixtures: one Ray session, one Prefect test harness and one loopback S3 server."""
+"""Shared fixtures: one Ray session, one Prefect test harness, one loopback S3 server and one
+loopback MLflow server."""
 
 from __future__ import annotations
 
@@ -15,10 +16,20 @@ os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# MLflow clients and the test server call no telemetry host, and fail at once on a stopped one.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "true")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 if not os.environ["PREFECT_API_DATABASE_CONNECTION_URL"]:
     del os.environ["PREFECT_API_DATABASE_CONNECTION_URL"]
 
+from typing import TYPE_CHECKING  # noqa: E402
+
 import pytest  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.helpers.mlflow_server import MlflowServer
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -90,3 +101,13 @@ def s3_root(s3_endpoint: str) -> str:
     bucket = f"offmeta-{uuid.uuid4().hex[:16]}"
     boto3.session.Session().client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
     return f"s3://{bucket}/store"
+
+
+@pytest.fixture(scope="session")
+def mlflow_tracking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """``mlflow server`` (SQLite, artifacts through the server) on loopback for the session,
+    started on first use (~25 s) and stopped by its pid at the end."""
+    from tests.helpers.mlflow_server import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow-server")) as server:
+        yield server

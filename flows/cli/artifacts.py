@@ -1,4 +1,4 @@
-"""``offmeta artifacts``: list, show, verify, alias, export and gc published artifacts.
+"""``offmeta artifacts``: list, show, verify, alias, export, gc and mirror published artifacts.
 
 Every subcommand takes ``--root`` (a directory, a ``file://`` URI or ``s3://bucket/prefix``;
 default ``$OFFMETA_ARTIFACTS``, else ``./artifacts``) and ``--json``. Errors print one line
@@ -15,6 +15,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from flows.cli.mirroring import add_target_arguments, mirror_alias, register_mirror, run_mirror
 
 if TYPE_CHECKING:
     from pipeline.artifacts import ArtifactStore, Manifest
@@ -67,7 +69,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     alias.add_argument("alias")
     alias.add_argument("version", type=int)
     alias.add_argument("--expected", help="version the alias must point at now, or 'none'")
+    add_target_arguments(alias, required=False)
     alias.set_defaults(handler=_handler(_alias))
+
+    register_mirror(commands, common)
+    commands.choices["mirror"].set_defaults(handler=_handler(run_mirror))
 
     export = commands.add_parser(
         "export",
@@ -243,12 +249,13 @@ def _alias(store: ArtifactStore, args: argparse.Namespace) -> int:
             ) from None
     store.set_alias(args.name, args.alias, args.version, expected=expected)
     if args.json:
-        return _print_json(
+        _print_json(
             {"name": args.name, "alias": args.alias, "version": args.version, "previous": expected}
         )
+        return mirror_alias(store, args) if args.to == "mlflow" else 0
     before = "(new)" if expected is None else str(expected)
     print(f"{args.name}@{args.alias}: {before} -> {args.version}")
-    return 0
+    return mirror_alias(store, args) if args.to == "mlflow" else 0
 
 
 def _export(store: ArtifactStore, args: argparse.Namespace) -> int:

@@ -107,6 +107,8 @@ def _run(args: argparse.Namespace) -> int:
     print()
     lineage = f" (parent {summary.parent})" if summary.parent else ""
     print(f"published {summary.artifact}{lineage}: {summary.uri}")
+    if summary.mirror is not None:
+        print(summary.mirror)
     return 0
 
 

@@ -107,6 +107,7 @@ def prefect_artifact_keys(name: str) -> dict[str, str]:
         "table": f"{slug}-evaluation",
         "markdown": f"{slug}-report",
         "progress": f"{slug}-training-progress",
+        "mlflow": f"{slug}-mlflow",
     }
 
 
