@@ -120,6 +120,34 @@ def test_run_refuses_a_heldout_set_of_another_width_before_starting_ray_or_prefe
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("setting", "refusal"),
+    [
+        (
+            "tasks.support=3000",
+            "every one of its 200 tasks has fewer than tasks.support + tasks.query = 3000 + 10 "
+            "= 3010 transitions (largest: 100); lower tasks.support or tasks.query",
+        ),
+        (
+            "tasks.meta_batch=1001",
+            "its tasks give 1000 samples of tasks.support + tasks.query = 20 transitions per "
+            "epoch, fewer than one meta-batch of tasks.meta_batch = 1001 samples; lower "
+            "tasks.meta_batch, tasks.support or tasks.query, or add tasks",
+        ),
+    ],
+    ids=["support", "meta_batch"],
+)
+def test_run_refuses_tasks_the_train_stage_cannot_sample_before_starting_ray_or_prefect(
+    tmp_path: Path, setting: str, refusal: str
+) -> None:
+    done = _offmeta_probe(_sample_run_args(tmp_path, setting), cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (1, "[]\n")
+    train = SAMPLES / "point_robot" / "train"
+    assert done.stderr == f"offmeta run: train dataset {train}: {refusal}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.timeout(120)
 def test_serve_refuses_a_cron_schedule_without_a_prefect_server(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
