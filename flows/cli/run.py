@@ -8,6 +8,9 @@ before it starts Ray or Prefect. Without ``PREFECT_API_URL`` Prefect starts a te
 local server for the run; with it, runs are recorded on that server, which must answer
 (``flows.runs.prefect_api``) before anything starts.
 
+A run that fails on a permanent error (``flows.runs.retry_policy``) ends with one line, not
+Prefect's tracebacks (``flows.runs.console``; ``OFFMETA_VERBOSE=1`` shows them).
+
 ``offmeta run --resume [RUN_DIR]`` continues an unfinished run (``flows.runs.run_dirs``); the run
 directory is found and checked before anything starts.
 """
@@ -20,6 +23,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from flows.config import ConfigError, MetaTrainConfig, load_config
+from flows.runs.console import permanent_failures_in_one_line
 from flows.runs.prefect_api import PrefectApiError, check_api_answers, prefect_api_url
 from flows.runs.run_dirs import RunDirError, check_resumable, find_resumable, read_run
 from flows.runs.runtime import set_quiet_environment
@@ -100,8 +104,9 @@ def _run(args: argparse.Namespace) -> int:
     from flows.meta_train import meta_train
 
     try:
-        summary = meta_train(cfg, resume=resume)
-    except Exception as error:  # the flow has logged the traceback; say it in one line
+        with permanent_failures_in_one_line():
+            summary = meta_train(cfg, resume=resume)
+    except Exception as error:  # a permanent one is this line alone; others follow Prefect's log
         print(f"offmeta run: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     if resume is not None:
