@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export RAY_DATA_PARQUET_FOOTER_NUM_ACTORS ?= 1
 
-.PHONY: run test venv lint clean
+.PHONY: run test venv lint docs clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,11 @@ test: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The docs site at http://127.0.0.1:8000, rebuilt on every save (tests/docs/test_site.py
+# builds it with --strict).
+docs: venv
+	NO_MKDOCS_2_WARNING=1 PYTHONPATH=$(CURDIR) $(VENV)/bin/mkdocs serve
 
 clean:
 	rm -rf $(VENV) .pytest_cache

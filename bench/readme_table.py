@@ -1,14 +1,18 @@
-"""Generate the README's Performance table from the records in ``bench/results/``.
+"""Generate the Performance table (docs/performance.md) and the README's headline figures
+from the records in ``bench/results/``.
 
-One row per figure, shape and machine (runs of other sizes or on other machines are never
-mixed into one range): the latest run's figure (the ratio to its baseline, or the value when
-there is none), the range over every recorded run (ranges as measured, never the best
-round), the target, and whether the latest run met it and how many runs did.
+One table row per figure, shape and machine (runs of other sizes or on other machines are
+never mixed into one range): the latest run's figure (the ratio to its baseline, or the value
+when there is none), the range over every recorded run (ranges as measured, never the best
+round), the target, and whether the latest run met it and how many runs did. The README shows
+five of those rows (``HEADLINES``), each the row of its figure whose latest run is the newest.
 
-    .venv/bin/python bench/readme_table.py           # rewrite the table in README.md
-    .venv/bin/python bench/readme_table.py --check   # exit 1 when README.md is out of date
+    .venv/bin/python bench/readme_table.py           # rewrite both
+    .venv/bin/python bench/readme_table.py --check   # exit 1 when either is out of date
 
-The table sits between the lines ``<!-- bench:begin -->`` and ``<!-- bench:end -->``.
+The table sits between the lines ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` of
+docs/performance.md, the headline figures between ``<!-- bench:headline:begin -->`` and
+``<!-- bench:headline:end -->`` of README.md.
 """
 
 from __future__ import annotations
@@ -28,8 +32,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.records import RESULTS, ROOT, read_records
 
 README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "performance.md"
 BEGIN = "<!-- bench:begin -->"
 END = "<!-- bench:end -->"
+HEADLINE_BEGIN = "<!-- bench:headline:begin -->"
+HEADLINE_END = "<!-- bench:headline:end -->"
+
+
+class Headline(NamedTuple):
+    """A figure the README shows: which records, and what to call it there."""
+
+    bench: str
+    figure: str
+    label: str
+
+
+HEADLINES = (
+    Headline("learners", "5-step-compiled-sinusoid", "compiled meta-step vs hand-written"),
+    Headline("streams", "1-first-epoch", "stream first epoch vs pyarrow"),
+    Headline("streams", "2b-steady-epochs-rllib", "steady stream vs RLlib's iterator"),
+    Headline("flow", "1-sinusoid-loop", "flow loop vs learner alone"),
+    Headline("artifacts", "4-s3-publish-load", "S3 publish + load vs boto3"),
+)
 
 
 class FigureRow(NamedTuple):
@@ -74,7 +98,7 @@ def figure_rows(records: list[dict[str, Any]]) -> list[FigureRow]:
 def render_table(rows: list[FigureRow]) -> str:
     """The Markdown table and, below it, what each machine label stands for."""
     if not rows:
-        return "No records yet: run the bench scripts (see Development)."
+        return "No records yet: run the bench scripts (see docs/development.md)."
     machines: dict[str, str] = {}
     software: dict[str, set[str]] = {}
     lines = [
@@ -119,56 +143,144 @@ def render_table(rows: list[FigureRow]) -> str:
     return "\n".join(lines)
 
 
-def render_readme(readme: str, table: str) -> str:
-    """``readme`` with the text between the markers replaced by ``table``."""
-    counts = readme.count(BEGIN), readme.count(END)
+def headline_rows(
+    rows: list[FigureRow], headlines: tuple[Headline, ...] = HEADLINES
+) -> list[tuple[Headline, FigureRow]]:
+    """Each headline with the row of its figure whose latest run is the newest; headlines
+    without records are left out."""
+    chosen = []
+    for headline in headlines:
+        candidates = [
+            row
+            for row in rows
+            if (row.latest["bench"], row.latest["figure"]) == (headline.bench, headline.figure)
+        ]
+        if candidates:
+            newest = max(candidates, key=lambda row: datetime.fromisoformat(row.latest["date"]))
+            chosen.append((headline, newest))
+    return chosen
+
+
+def render_headlines(rows: list[FigureRow], headlines: tuple[Headline, ...] = HEADLINES) -> str:
+    """The README's Markdown table of the headline figures."""
+    chosen = headline_rows(rows, headlines)
+    if not chosen:
+        return "No records yet: run the bench scripts (see docs/development.md)."
+    lines = [
+        "| figure | latest (date) | range (runs) | target | met (runs met) | shape |",
+        "|---|---|---|---|---|---|",
+    ]
+    for headline, row in chosen:
+        record = row.latest
+        if record["target"] is None:
+            met = "report only"
+        else:
+            met = ("yes" if record["met"] else "**no**") + f" ({row.met_runs}/{row.runs})"
+        cells = [
+            f"{headline.label} (`{record['bench']}` {record['figure']})",
+            f"{_number_text(record)} ({record['date'][:10]})",
+            f"{_format(row.low)}–{_format(row.high)} ({row.runs})",
+            record["target"] or "none",
+            met,
+            _shape_text(record["shape"]),
+        ]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def render_between(text: str, content: str, *, name: str, begin: str, end: str, what: str) -> str:
+    """``text`` (the file ``name``) with what lies between the marker lines replaced."""
+    counts = text.count(begin), text.count(end)
     if counts != (1, 1):
         found = f"found {counts[0]} of the first and {counts[1]} of the second"
-    elif readme.index(BEGIN) > readme.index(END):
+    elif text.index(begin) > text.index(end):
         found = "found the second before the first"
     else:
         found = ""
     if found:
         raise ValueError(
-            f"README.md needs one line {BEGIN} and, after it, one line {END} around the "
-            f"Performance table; {found}"
+            f"{name} needs one line {begin} and, after it, one line {end} around {what}; {found}"
         )
-    before, rest = readme.split(BEGIN)
-    after = rest.split(END)[1]
-    return f"{before}{BEGIN}\n{table}\n{END}{after}"
+    before, rest = text.split(begin)
+    after = rest.split(end)[1]
+    return f"{before}{begin}\n{content}\n{end}{after}"
 
 
-def check_readme(readme: Path = README, results: Path = RESULTS) -> str | None:
-    """None when ``readme``'s table is what the records give, else the difference."""
-    current = readme.read_text()
-    wanted = render_readme(current, render_table(figure_rows(read_records(results))))
-    if current == wanted:
-        return None
-    diff = difflib.unified_diff(
-        current.splitlines(), wanted.splitlines(), "README.md", "from the records", lineterm=""
+def render_performance(text: str, table: str) -> str:
+    """docs/performance.md's ``text`` with the table between its markers replaced."""
+    return render_between(
+        text, table, name="docs/performance.md", begin=BEGIN, end=END, what="the table"
     )
-    return (
-        f"{readme}'s Performance table differs from the records in {results}; regenerate it "
-        "with `.venv/bin/python bench/readme_table.py`:\n" + "\n".join(diff)
+
+
+def render_readme(text: str, headlines: str) -> str:
+    """README.md's ``text`` with the headline figures between their markers replaced."""
+    return render_between(
+        text,
+        headlines,
+        name="README.md",
+        begin=HEADLINE_BEGIN,
+        end=HEADLINE_END,
+        what="the headline figures",
     )
+
+
+def _pages(performance: Path, readme: Path, results: Path) -> dict[Path, tuple[str, str]]:
+    """Each generated page: its current text and the text the records give."""
+    rows = figure_rows(read_records(results))
+    current = {performance: performance.read_text(), readme: readme.read_text()}
+    return {
+        performance: (
+            current[performance],
+            render_performance(current[performance], render_table(rows)),
+        ),
+        readme: (current[readme], render_readme(current[readme], render_headlines(rows))),
+    }
+
+
+def check_pages(
+    performance: Path = PERFORMANCE, readme: Path = README, results: Path = RESULTS
+) -> str | None:
+    """None when both pages show what the records give, else the differences."""
+    differences = []
+    for page, (current, wanted) in _pages(performance, readme, results).items():
+        if current != wanted:
+            diff = difflib.unified_diff(
+                current.splitlines(),
+                wanted.splitlines(),
+                page.name,
+                "from the records",
+                lineterm="",
+            )
+            differences.append(
+                f"{page} differs from the records in {results}; regenerate it with "
+                "`.venv/bin/python bench/readme_table.py`:\n" + "\n".join(diff)
+            )
+    return "\n".join(differences) or None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page is stale")
+    parser.add_argument("--performance", type=Path, default=PERFORMANCE)
     parser.add_argument("--readme", type=Path, default=README)
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.check:
-        difference = check_readme(args.readme, args.results)
+        difference = check_pages(args.performance, args.readme, args.results)
         if difference is not None:
             print(difference, file=sys.stderr)
             return 1
-        print(f"{args.readme} matches the records in {args.results}")
+        print(f"{args.performance} and {args.readme} match the records in {args.results}")
         return 0
+    pages = _pages(args.performance, args.readme, args.results)
+    for page, (_, wanted) in pages.items():
+        page.write_text(wanted)
     rows = figure_rows(read_records(args.results))
-    args.readme.write_text(render_readme(args.readme.read_text(), render_table(rows)))
-    print(f"wrote {len(rows)} figures from {args.results} into {args.readme}")
+    print(
+        f"wrote {len(rows)} figures into {args.performance} and "
+        f"{len(headline_rows(rows))} headline figures into {args.readme} from {args.results}"
+    )
     return 0
 
 

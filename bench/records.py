@@ -16,7 +16,7 @@ Every bench script calls ``write_record`` once per figure it prints. A record ho
 
 Records are append-only: each is written to a new file named
 ``BENCH-YYYYmmddTHHMMSS.ffffffZ-FIGURE.json`` and an existing file is never replaced.
-``bench/readme_table.py`` turns them into the README's Performance table.
+``bench/readme_table.py`` turns them into docs/performance.md's table and the README's figures.
 """
 
 from __future__ import annotations

@@ -264,10 +264,10 @@ def _group_per_module(batch: dict[str, torch.Tensor]) -> dict[str, dict[str, tor
     return grouped
 
 
-def stream_steady(episodes, epochs: int, **options) -> tuple[int, float]:
+def stream_steady(episodes, epochs: int) -> tuple[int, float]:
     from pipeline.streams.learner_stream import split_for_learners
 
-    streams = split_for_learners(episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0, **options)
+    streams = split_for_learners(episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0)
     per_epoch = (episodes.num_rows // LEARNERS) // MINIBATCH
     try:
         run_learners(streams, per_epoch)
@@ -296,14 +296,14 @@ def stream_first_epoch(
 ) -> tuple[int, float, float]:
     """Rows, streaming seconds, and the seconds read_episodes spent validating."""
     from pipeline.reads.episodes import read_episodes
+    from pipeline.rows.options import RowStream
     from pipeline.streams.learner_stream import split_for_learners
 
     start = time.perf_counter()
     episodes = read_episodes(directory)
     validated = time.perf_counter() - start
-    streams = split_for_learners(
-        episodes, LEARNERS, minibatch_size=MINIBATCH, seed=0, cache_budget_mb=cache_budget_mb
-    )
+    rows = RowStream(episodes, cache_budget_mb=cache_budget_mb)
+    streams = split_for_learners(rows, LEARNERS, minibatch_size=MINIBATCH, seed=0)
     per_learner = (episodes.num_rows // LEARNERS) // MINIBATCH
     try:
         seconds = run_learners(streams, per_learner)

@@ -26,6 +26,7 @@ from learners.config import MetaConfig
 from pipeline.artifacts.errors import ArtifactNameError, UnsupportedRootError
 from pipeline.artifacts.records.names import validate_name
 from pipeline.artifacts.records.roots import parse_root
+from pipeline.contract.schema import CheckValues
 
 _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
@@ -53,7 +54,15 @@ class DataConfig(BaseModel):
     allow_partial_episodes: bool = Field(
         False,
         description="Accept episodes that do not start at t 0, miss steps or carry an end "
-        "flag before their last step (a knowingly partial dataset; see data/README.md).",
+        "flag before their last step (knowingly partial data; see docs/data-contract.md#episodes).",
+    )
+    check_values: CheckValues = Field(
+        "full",
+        description="How much of obs, new_obs, actions and rewards validation scans for NaN, "
+        "inf and discrete actions outside dataset.json's action_space (refused), and float "
+        "actions outside its box bounds (a warning): every row group (full), one row group "
+        "in 16 (sample, for datasets whose full scan takes too long), or none (off). See "
+        "pipeline.contract.value_checks.",
     )
 
 
@@ -93,7 +102,7 @@ class LearnersConfig(MetaConfig):
         0,
         ge=0,
         description="0: train in this process. N > 0: N Ray Train workers, each with M tasks "
-        "per meta-batch, meta-gradients averaged (see README, Scale out).",
+        "per meta-batch, meta-gradients averaged (see docs/scale-out.md).",
     )
 
     def meta_config(self) -> MetaConfig:

@@ -17,6 +17,8 @@ _EXPORTS = {
     "inspect_episodes": "pipeline.reads.episodes",
     "read_episodes": "pipeline.reads.episodes",
     "LearnerStream": "pipeline.streams.learner_stream",
+    "RowStream": "pipeline.rows.options",
+    "TaskStream": "pipeline.tasks.options",
     "StreamStalledError": "pipeline.streams.learner_stream",
     "split_for_learners": "pipeline.streams.learner_stream",
     "collate": "pipeline.streams.collate",

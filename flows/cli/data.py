@@ -2,7 +2,8 @@
 and compact datasets on disk.
 
 ``validate`` runs every check ``read_episodes`` runs, without starting Ray: it reads
-footers, ``dataset.json``, the id and flag columns and the file bytes (for the fingerprint).
+footers, ``dataset.json``, the id and flag columns, the value columns (``--check-values``)
+and the file bytes (for the fingerprint).
 ``compact`` rewrites a dataset into well-sized files sorted by (task_id, eps_id, t).
 """
 
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, get_args
+
+from pipeline.contract.schema import CheckValues
 
 _GENERATOR_OPTIONS: dict[str, list[tuple[str, type, str]]] = {
     "sinusoid": [("--points", int, "points (rows) per task (default 20)")],
@@ -77,6 +80,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="accept episodes that do not start at t 0, miss steps or end early (a knowingly "
         "partial dataset)",
+    )
+    validate.add_argument(
+        "--check-values",
+        choices=get_args(CheckValues),
+        default="full",
+        help="scan obs, new_obs, actions and rewards for NaN, inf and actions outside "
+        "dataset.json's action space in every row group (full, the default), in one row group "
+        "in 16 (sample: for datasets whose full scan takes too long), or not at all (off)",
     )
     validate.add_argument("--json", action="store_true", help="print summaries as JSON lines")
     validate.set_defaults(handler=_validate)
@@ -178,12 +189,15 @@ def _validate(args: argparse.Namespace) -> int:
                 path,
                 column_map=column_map,
                 allow_partial_episodes=args.allow_partial_episodes,
+                check_values=args.check_values,
             )
         except DatasetError as exc:
             print(f"offmeta data validate: {exc}", file=sys.stderr)
             status = 1
             continue
         _print_summary(info.summary(), as_json=args.json, title=path)
+        if info.values.warning is not None:
+            print(f"offmeta data validate: warning: {info.values.warning}", file=sys.stderr)
         warning = small_files_warning(info)
         if warning is not None:
             print(f"offmeta data validate: warning: {warning}", file=sys.stderr)

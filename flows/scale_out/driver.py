@@ -85,10 +85,11 @@ def train_on_ray(
     """Meta-train on ``data`` with ``cfg.learners.num_learners`` Ray Train workers.
 
     Each worker draws ``tasks.meta_batch`` tasks per meta-step from its own share of the
-    task samples (``split_for_learners(..., ranks=[rank])``), so one meta-step sees
-    ``num_learners * meta_batch`` tasks and the averaged meta-gradient equals one
-    learner's over all of them. Needs a running Ray session (``flows.runs.runtime.ray_session``).
-    ``fault`` is a drill: that worker kills itself once, and the run must recover.
+    task samples (``split_for_learners(TaskStream(samples, ranks=[rank]), ...)``), so one
+    meta-step sees ``num_learners * meta_batch`` tasks and the averaged meta-gradient equals
+    one learner's over all of them. Needs a running Ray session
+    (``flows.runs.runtime.ray_session``). ``fault`` is a drill: that worker kills itself
+    once, and the run must recover.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig

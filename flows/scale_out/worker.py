@@ -35,6 +35,7 @@ from learners.training.data_parallel import (
 from learners.training.loop import History, run_meta_training
 from pipeline.io.checkpoints import write_shard
 from pipeline.streams.learner_stream import LearnerStream, split_for_learners
+from pipeline.tasks.options import TaskStream
 
 ATTEMPTS_DIR = "offmeta-attempts"
 """Under the Ray Train run directory: one empty file per attempt of the worker group."""
@@ -75,12 +76,11 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     samples = ray.get(config["samples"])
     tasks, training = cfg.tasks, cfg.training
     (stream,) = split_for_learners(
-        samples,
+        TaskStream(samples, ranks=[rank]),
         world,
         minibatch_size=tasks.meta_batch,
         seed=tasks.seed,
         device=device,
-        ranks=[rank],
     )
     learner = DataParallelMetaLearner.from_state(
         config["initial_state"], device=device, metrics=CrossWorkerMetrics()

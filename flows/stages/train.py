@@ -29,7 +29,8 @@ from pipeline.artifacts import ArtifactNotFoundError, ArtifactStore
 from pipeline.io.checkpoints import latest_checkpoint, save_checkpoint
 from pipeline.reads.episodes import Episodes
 from pipeline.streams.learner_stream import split_for_learners
-from pipeline.tasks.samples import TaskSamples, task_samples
+from pipeline.tasks.grouping import TaskSamples
+from pipeline.tasks.samples import task_samples
 from pipeline.tasks.windows import TaskWindows
 
 _log = logging.getLogger(__name__)

@@ -57,7 +57,7 @@ class CompactedFrom(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     fingerprint: str
-    """The source's fingerprint (see data/README.md)."""
+    """The source's fingerprint (see docs/data-contract.md#dataset-json)."""
     files: int
     """How many files the source had."""
 
@@ -108,7 +108,7 @@ def load_metadata(
             for e in exc.errors()
         )
         raise DatasetError(
-            f"{path}: {problems}; expected the fields described in data/README.md"
+            f"{path}: {problems}; expected the fields of docs/data-contract.md#dataset-json"
         ) from None
 
 

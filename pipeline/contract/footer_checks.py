@@ -60,6 +60,8 @@ class FileFacts:
     """Canonical name (or the disk name for columns outside the contract) -> Arrow type."""
     maybe_null: tuple[str, ...] = ()
     """Canonical columns whose footer statistics report nulls or do not count them."""
+    row_groups: int = 1
+    """Row groups in the file: the value checks read (and sample) one at a time."""
 
 
 def check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
@@ -105,7 +107,7 @@ def _file_facts(resolved: ResolvedSource, column_map: Mapping[str, str], path: s
         ) from None
     types = _canonical_types(path, schema, column_map)
     maybe_null = _maybe_null(metadata, schema, column_map)
-    return FileFacts(path, metadata.num_rows, types, maybe_null)
+    return FileFacts(path, metadata.num_rows, types, maybe_null, metadata.num_row_groups)
 
 
 def check_nulls(
@@ -121,9 +123,9 @@ def check_nulls(
             rows = _null_rows(values)
             if rows:
                 raise DatasetError(
-                    f"{fact.path}: column {_name(column, column_map)} has nulls in {rows} of "
-                    f"{fact.num_rows} rows; expected a value in every row of every canonical "
-                    "column. Fix: drop or fill those rows"
+                    f"{fact.path}: column {column_label(column, column_map)} has nulls in "
+                    f"{rows} of {fact.num_rows} rows; expected a value in every row of every "
+                    "canonical column. Fix: drop or fill those rows"
                 )
 
 
@@ -152,7 +154,7 @@ def build_schema(
     assert obs_shape is not None
     if "new_obs" in first.types and _tensor_shape(first.types["new_obs"]) != obs_shape:
         raise DatasetError(
-            f"{first.path}: column {_name('new_obs', column_map)} has shape "
+            f"{first.path}: column {column_label('new_obs', column_map)} has shape "
             f"{list(_tensor_shape(first.types['new_obs']) or ())} but 'obs' has shape "
             f"{list(obs_shape)}; expected 'new_obs' to have the shape of 'obs'"
         )
@@ -223,7 +225,7 @@ def _canonical_types(
         if column in types and not _type_ok(column, types[column]):
             expected, fix = _EXPECTED[column]
             raise DatasetError(
-                f"{path}: column {_name(column, column_map)} has type "
+                f"{path}: column {column_label(column, column_map)} has type "
                 f"{describe_type(types[column])}; expected {expected}. Fix: {fix}"
             )
     return types
@@ -324,20 +326,21 @@ def _same_columns(first: FileFacts, other: FileFacts, column_map: Mapping[str, s
             shape, other_shape = _tensor_shape(arrow_type), _tensor_shape(other_type)
             if shape is not None and other_shape is not None and shape != other_shape:
                 raise DatasetError(
-                    f"{other.path}: column {_name(column, column_map)} has shape "
+                    f"{other.path}: column {column_label(column, column_map)} has shape "
                     f"{list(other_shape)} but {first.path} has {list(shape)}; expected one "
                     "shape across all files"
                 )
         if other_type != arrow_type:
             raise DatasetError(
-                f"{other.path}: column {_name(column, column_map)} has type "
+                f"{other.path}: column {column_label(column, column_map)} has type "
                 f"{describe_type(other_type)} but {first.path} has {describe_type(arrow_type)}; "
                 "expected one type per column across all files. Fix: rewrite the file with "
                 "the type the others use"
             )
 
 
-def _name(column: str, column_map: Mapping[str, str]) -> str:
+def column_label(column: str, column_map: Mapping[str, str]) -> str:
+    """A canonical column in messages, with its name on disk when the column map renames it."""
     if column in column_map:
         return f"{column!r} (on disk {column_map[column]!r})"
     return repr(column)

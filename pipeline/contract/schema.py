@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 DEFAULT_MODULE_ID = "default_policy"
 DEFAULT_TASK_ID = "default_task"
 
 REQUIRED_COLUMNS = ("eps_id", "t", "obs", "actions", "rewards", "terminateds", "truncateds")
 OPTIONAL_COLUMNS = ("new_obs", "task_id", "module_id")
+
+CheckValues = Literal["full", "sample", "off"]
+"""How much of the value columns validation scans (``pipeline.contract.value_checks``)."""
 
 
 class DatasetError(ValueError):

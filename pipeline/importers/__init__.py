@@ -6,8 +6,8 @@ and the source's fingerprint, and return an ``ImportSummary``. Neither needs RLl
 installed.
 """
 
-from pipeline.importers.minari import import_minari
+from pipeline.importers.minari.recording import import_minari
 from pipeline.importers.output import ImportSummary
-from pipeline.importers.rllib import import_rllib
+from pipeline.importers.rllib.recording import import_rllib
 
 __all__ = ["ImportSummary", "import_minari", "import_rllib"]

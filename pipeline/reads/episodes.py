@@ -1,9 +1,9 @@
 """Read an episode dataset: check it, fingerprint it, count it, then hand it to Ray Data.
 
 ``inspect_episodes`` does everything that needs no Ray (footer checks, nulls,
-``dataset.json``, episode structure across files, fingerprint, episode/task/module counts);
-``read_episodes`` adds the Ray Dataset, built only from files that passed. Columns arrive
-in canonical names and canonical types: observations and float actions as
+``dataset.json``, episode structure across files, values, fingerprint, episode/task/module
+counts); ``read_episodes`` adds the Ray Dataset, built only from files that passed. Columns
+arrive in canonical names and canonical types: observations and float actions as
 ``fixed_shape_tensor`` (so numpy batches are float32 ``[B, *shape]`` arrays, never object
 arrays) and ``t`` as int32.
 """
@@ -29,7 +29,8 @@ from pipeline.contract.footer_checks import (
     read_footers,
 )
 from pipeline.contract.id_checks import check_episodes
-from pipeline.contract.schema import EpisodeSchema
+from pipeline.contract.schema import CheckValues, EpisodeSchema
+from pipeline.contract.value_checks import ValueFacts, check_value_columns
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource, Source, resolve_source, uri_of
 from pipeline.io.parquet_files import map_files
 from pipeline.reads.ray_logging import quiet_ray
@@ -48,7 +49,7 @@ class DatasetInfo:
     metadata: dict[str, Any]
     """``dataset.json`` as parsed JSON; ``{}`` when the dataset has none."""
     fingerprint: str
-    """sha256 hex digest of the files and ``dataset.json`` (see data/README.md)."""
+    """sha256 hex digest of the files and ``dataset.json`` (docs/data-contract.md#fingerprint)."""
     files: tuple[str, ...]
     """Sorted paths on ``filesystem``."""
     file_sizes: tuple[int, ...]
@@ -68,10 +69,13 @@ class DatasetInfo:
     needs_normalising: bool = field(repr=False)
     """Some column is stored in a non-canonical type (``fixed_size_list`` tensors, int64
     ``t``) that reads convert; known from the footers, so reads open no file to decide."""
+    values: ValueFacts = field(repr=False)
+    """What the value checks covered, and float actions outside a declared box."""
 
     def summary(self) -> dict[str, Any]:
-        """Plain-JSON description for logs, the CLI and artifact lineage."""
-        return {
+        """Plain-JSON description for logs, the CLI and artifact lineage; the count of float
+        actions outside a declared box only when there are some."""
+        summary = {
             "id": self.metadata.get("id"),
             "split": self.metadata.get("split"),
             "root": uri_of(self.filesystem, self.root),
@@ -85,6 +89,9 @@ class DatasetInfo:
             "discrete_actions": self.schema.discrete_actions,
             "fingerprint": self.fingerprint,
         }
+        if self.values.actions_outside_box:
+            summary["actions_outside_box"] = self.values.actions_outside_box
+        return summary
 
 
 @dataclass(frozen=True)
@@ -100,13 +107,20 @@ def inspect_episodes(
     column_map: Mapping[str, str] | None = None,
     filesystem: pafs.FileSystem | None = None,
     allow_partial_episodes: bool = False,
+    check_values: CheckValues = "full",
 ) -> DatasetInfo:
-    """Validate a dataset and describe it, reading footers, id columns and file bytes only.
+    """Validate a dataset and describe it, reading footers, id columns, value columns and
+    file bytes.
 
     Raises ``DatasetError`` naming the file, the column, what was found and what was
     expected. ``column_map`` maps canonical names to names on disk.
     ``allow_partial_episodes`` accepts episodes that do not start at ``t = 0``, miss steps
-    or carry an end flag before their last step (see data/README.md, Episodes).
+    or carry an end flag before their last step (see docs/data-contract.md#episodes).
+    ``check_values`` scans ``obs``, ``new_obs``, ``rewards`` and ``actions`` for NaN, inf
+    and actions outside ``dataset.json``'s action space in every row group (``full``), in
+    one in 16 (``sample``), or not at all (``off``): see ``pipeline.contract.value_checks``.
+    Float actions outside a declared box are not refused: ``values.warning`` says how many,
+    for the caller to show (``offmeta data validate`` prints it), and ``summary()`` counts them.
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
@@ -120,6 +134,8 @@ def inspect_episodes(
     ids = check_episodes(resolved, schema, allow_partial_episodes=allow_partial_episodes)
     if metadata is not None:
         check_task_ids(metadata, resolved, ids.task_ids)
+    action_space = None if metadata is None else metadata.action_space
+    values = check_value_columns(resolved, facts, schema, action_space, check_values)
     fingerprint, sizes = _fingerprint(resolved, metadata_bytes)
     return DatasetInfo(
         schema=schema,
@@ -135,6 +151,7 @@ def inspect_episodes(
         root=resolved.root,
         filesystem=resolved.filesystem,
         needs_normalising=_needs_normalising(facts[0].types),
+        values=values,
     )
 
 
@@ -144,6 +161,7 @@ def read_episodes(
     column_map: Mapping[str, str] | None = None,
     filesystem: pafs.FileSystem | None = None,
     allow_partial_episodes: bool = False,
+    check_values: CheckValues = "full",
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
 
@@ -160,6 +178,7 @@ def read_episodes(
         column_map=column_map,
         filesystem=filesystem,
         allow_partial_episodes=allow_partial_episodes,
+        check_values=check_values,
     )
     dataset = read_grouped(info.files, info.file_sizes, info.file_rows, info.filesystem)
     fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}

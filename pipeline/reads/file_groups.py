@@ -25,6 +25,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from pipeline.io.parquet_files import group_files, read_blocks
+from pipeline.ray_compat import projected_columns, start_without_projection
 
 TARGET_TASK_BYTES = 128 << 20
 """Parquet bytes on disk per read task."""
@@ -78,7 +79,7 @@ class GroupedParquetDatasource(Datasource):
                 f"{len(files)} files, {len(sizes)} sizes and {len(rows)} row counts; "
                 "expected one size and one row count per file"
             )
-        self._projection_map: dict[str, str] | None = None
+        start_without_projection(self)
         self._files = tuple(files)
         self._sizes = tuple(sizes)
         self._rows = tuple(rows)
@@ -108,7 +109,7 @@ class GroupedParquetDatasource(Datasource):
         tasks and large files are never packed together."""
         context = data_context or ray.data.DataContext.get_current()
         block_bytes = context.target_max_block_size or _DEFAULT_BLOCK_BYTES
-        columns = self._get_data_columns()
+        columns = projected_columns(self)
         tasks = []
         for group in group_files(self._sizes, self._target_bytes, self._max_files):
             files = self._files[group.start : group.stop]

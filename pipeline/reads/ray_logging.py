@@ -16,16 +16,6 @@ import os
 
 VERBOSE_ENV = "OFFMETA_VERBOSE"
 
-_LEVELS = {
-    # Ray Data logs every execution at INFO (it configures this logger when imported).
-    "ray.data": logging.WARNING,
-    # "Started a local Ray instance." ray.init resets the "ray" logger itself to INFO,
-    # so the level goes on the module's own logger.
-    "ray._private.worker": logging.WARNING,
-    # Token authentication is on by default; the warning only says how to turn it off.
-    "ray._private.authentication": logging.ERROR,
-}
-
 
 def verbose() -> bool:
     """Whether ``OFFMETA_VERBOSE`` asks for Ray's own output (``1``; ``0`` or unset: quiet)."""
@@ -46,7 +36,9 @@ def quiet_ray() -> None:
     import ray.data
     from ray.util.debug import log_once
 
-    for name, level in _LEVELS.items():
+    from pipeline.ray_compat import QUIET_LOGGERS
+
+    for name, level in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False

@@ -1,10 +1,10 @@
-"""Where the batches of a group of learners come from, one epoch at a time.
+"""The row feed: row minibatches for a group of learners, one epoch at a time.
 
-A source turns ``(epoch, rounds to skip)`` into *deals*: each deal hands every learner of
-the group the same number of collated batches. One producer thread runs the source for
-the whole group (see ``pipeline.streams.learner_stream``); the source knows nothing about threads.
+A feed (``pipeline.streams.epoch_feed``) turns ``(epoch, rounds to skip)`` into *deals*:
+each deal hands every learner of the group the same number of collated batches. One
+producer thread runs the feed for the whole group (``pipeline.streams.group``).
 
-Row sources take Ray's blocks as Arrow tables the moment they exist (read by plain Ray
+Row feeds take Ray's blocks as Arrow tables the moment they exist (read by plain Ray
 tasks, see ``pipeline.rows.file_windows`` and ``pipeline.rows.read_ahead``), re-cut them zero-copy
 into super-batches of ``superbatch_rows`` rows, and cut minibatches from those locally.
 Ray Data pays a fixed cost of about a millisecond per batch it hands out, so asking it for
@@ -19,7 +19,8 @@ Every epoch reads the files in a new order drawn from ``seed + epoch`` (a materi
 dataset reshuffles its blocks instead) and shuffles the rows inside each super-batch, so
 rows mix within a super-batch and files trade places between epochs. When they fit the
 cache budget, later epochs chain the first epoch's tables in that order instead of reading
-(``pipeline.rows.epoch_cache``): the same rows, the same batches.
+(``pipeline.rows.epoch_cache``): the same rows, the same batches. Where an epoch's
+tables come from is ``pipeline.rows.epoch_tables``.
 
 Learners in one process share one read of the data instead of a ``streaming_split``:
 minibatches are dealt in rounds (learner ``r`` gets minibatch ``k * N + r`` of the
@@ -30,60 +31,22 @@ between Ray and the learners.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from pipeline.io.parquet_files import file_sizes, group_files
+from pipeline.reads.episodes import Episodes
 from pipeline.reads.returns import returns_index, split_derived
-from pipeline.rows.epoch_cache import FileTables, default_budget_bytes
-from pipeline.rows.file_windows import read_window
-from pipeline.rows.read_ahead import EpochReads, bundle_blocks, read_ahead
+from pipeline.rows.epoch_tables import BlockEpochs, FileEpochs, shard_superbatches
+from pipeline.rows.options import RowStream
 from pipeline.streams.collate import Batch, collate_minibatches, module_codes
+from pipeline.streams.epoch_feed import Deal
 from pipeline.streams.selection import check_modules, resolve_columns
 
-# The driver maps every block it reads, so its memory follows the blocks in flight: small
-# blocks and windows of files read one ahead keep a streamed epoch flat (Ray's defaults,
-# 128 MiB blocks and a budget of a fraction of the object store, let it grow with the
-# dataset). A window is cut by size on disk and read by tasks of at most 16 MiB of files (or
-# 1,024 small files, see pipeline.reads.file_groups): larger tasks run further ahead of the
-# consumer, and with 64 MiB tasks the driver's peak RSS streaming 2M rows from 16 MB files
-# was 5% higher (2-core machine).
-_STREAM_BLOCK_BYTES = 16 << 20
-_WINDOW_BYTES = 128 << 20
-_STREAM_TASK_BYTES = 16 << 20
 
-
-@dataclass(frozen=True)
-class Deal:
-    """Batches for each learner of the group (equal counts), and the rows behind them."""
-
-    batches: list[list[Any]]
-    rows: int
-    """Rows (transitions) read for this deal."""
-    dropped_rows: int
-    """Rows read that no learner gets."""
-
-
-class EpochSource(Protocol):
-    exact: bool
-    """True when an epoch's batches depend only on (seed, epoch): resume is exact."""
-
-    def deals(self, epoch: int, skip: int) -> Iterator[Deal]:
-        """The epoch's batches after the first ``skip`` rounds (one batch per learner)."""
-        ...
-
-    def describe_empty(self, epoch: int, rows: int) -> str:
-        """Why epoch ``epoch`` gave no round of batches, after reading ``rows`` rows."""
-        ...
-
-
-class RowSource:
+class RowFeed:
     """Row minibatches for ``learners`` learners from Arrow super-batches.
 
     ``epoch_tables(epoch)`` returns a fresh iterator of super-batches for that epoch;
@@ -104,7 +67,7 @@ class RowSource:
         modules_to_update: Collection[str] | None,
         pin_memory: bool,
         exact: bool,
-        close: Callable[[], None] = lambda: None,
+        close: Callable[[], None],
     ) -> None:
         self.exact = exact
         self._close = close
@@ -155,6 +118,9 @@ class RowSource:
         """Stop reading ahead (the next epoch's first window may be reading)."""
         self._close()
 
+    def stats(self) -> dict[str, int]:
+        return {}
+
     def describe_empty(self, epoch: int, rows: int) -> str:
         need = "one minibatch" if self._learners == 1 else f"{self._learners} minibatches"
         return (
@@ -171,163 +137,98 @@ class RowSource:
         return np.flatnonzero(wanted[codes])
 
 
-def row_source(
-    source: Any,
-    learners: int,
-    *,
-    minibatch_size: int,
-    seed: int,
-    superbatch_rows: int,
-    columns: Sequence[str] | None,
-    modules_to_update: Collection[str] | None,
-    materialize: bool,
-    pin_memory: bool,
-    gamma: float | None = None,
-    cache_budget_mb: float | None = None,
-) -> RowSource:
-    """A row source over ``Episodes``, or over a Ray ``DataIterator`` that is already one
-    learner's shard (Ray Train's ``get_dataset_shard``). With ``gamma``, rows also carry
-    the columns derived at ingest (``pipeline.reads.returns``), looked up by episode and step."""
-    import ray.data
-    from ray.data.dataset import MaterializedDataset
-    from ray.data.expressions import col
-
-    superbatch_rows = max(minibatch_size, superbatch_rows - superbatch_rows % minibatch_size)
-    options = {
+def row_feed(
+    rows: RowStream, learners: int, *, minibatch_size: int, seed: int, pin_memory: bool
+) -> RowFeed:
+    """The row feed of ``rows`` for ``learners`` learners. With ``rows.gamma``, rows also
+    carry the columns derived at ingest (``pipeline.reads.returns``), looked up by episode
+    and step."""
+    superbatch_rows = max(
+        minibatch_size, rows.superbatch_rows - rows.superbatch_rows % minibatch_size
+    )
+    options: dict[str, Any] = {
         "learners": learners,
         "minibatch_size": minibatch_size,
         "seed": seed,
         "pin_memory": pin_memory,
     }
-    columns, derived = split_derived(columns, gamma)
-    if isinstance(source, ray.data.DataIterator):
-        if derived:
-            raise ValueError(
-                f"columns {list(derived)} are derived from whole episodes, which one "
-                "learner's shard does not hold; stream the Episodes (or use task_samples)"
-            )
-        if learners != 1 or materialize:
-            raise ValueError(
-                "a DataIterator is already one learner's shard, read as it comes: expected "
-                f"num_learners=1 and no materialize=, got num_learners={learners}"
-            )
-        return RowSource(
-            lambda epoch: iter_superbatches(source, superbatch_rows),
-            columns=tuple(columns) if columns is not None else None,
-            modules_to_update=check_modules(modules_to_update, None),
-            exact=False,
-            **options,
-        )
-    schema = source.schema
-    chosen = resolve_columns(schema, columns)
-    modules = check_modules(modules_to_update, tuple(source.module_ids))
-    needed = [*chosen, *(["module_id"] if schema.has_module_id else [])]
-    needed = list(dict.fromkeys([*needed, *(["eps_id", "t"] if derived else [])]))
-
-    def selected(dataset: ray.data.Dataset) -> ray.data.Dataset:
-        dataset = dataset.select_columns(needed)
-        # preserve_order: the rows' order is a function of the seed alone (exact resume).
-        dataset.context.execution_options.preserve_order = True
-        dataset.context.target_max_block_size = _STREAM_BLOCK_BYTES
-        return dataset
-
-    epoch_tables: Callable[[int], Iterator[pa.Table]]
-    reads: EpochReads | None = None
-    if materialize or isinstance(source.dataset, MaterializedDataset):
-        # Our own copy of the Ray context, so that the caller's dataset is left as it was
-        # (``_deep_copy``, a private argument of Ray 2.60's Dataset.copy, copies the context);
-        # materialized after selecting, so that an epoch runs no task per block.
-        dataset = ray.data.Dataset.copy(source.dataset, _deep_copy=True).select_columns(needed)
-        dataset.context.target_max_block_size = _STREAM_BLOCK_BYTES
-        if modules is not None and schema.has_module_id:
-            dataset = dataset.filter(expr=col("module_id").is_in(sorted(modules)))
-        bundles = list(dataset.materialize().iter_internal_ref_bundles())
-
-        def epoch_tables(epoch: int) -> Iterator[pa.Table]:
-            # Blocks already sit in the object store: a seeded block order, no execution.
-            for index in np.random.default_rng(seed + epoch).permutation(len(bundles)):
-                yield from bundle_blocks(bundles[index])
-
+    if not isinstance(rows.data, Episodes):
+        return _shard_feed(rows, superbatch_rows, **options)
+    episodes = rows.data
+    chosen = _RowColumns.of(episodes, rows)
+    epochs: BlockEpochs | FileEpochs
+    if rows.materialize or _is_materialized(episodes):
+        epochs = BlockEpochs(episodes, chosen.read, chosen.modules, seed=seed)
     else:
-        sizes = file_sizes(source.files, source.filesystem)
-        budget = default_budget_bytes() if cache_budget_mb is None else cache_budget_mb * 2**20
-        kept = FileTables(source.file_rows, int(budget), describe=str(source.root))
-
-        def file_order(epoch: int) -> list[int]:
-            return np.random.default_rng(seed + epoch).permutation(len(sizes)).tolist()
-
-        def windows(epoch: int) -> list[Callable[[], Iterator[Any]]]:
-            # A fresh read per epoch over the validated files in a seeded order, a window
-            # of files at a time (see pipeline.rows.read_ahead), each window read by Ray tasks of
-            # grouped files (see pipeline.rows.file_windows). Ray's randomize_block_order would
-            # wait for the whole epoch to be read before handing out its first block; a
-            # file order streams from the first file.
-            order = file_order(epoch)
-            return [
-                functools.partial(
-                    read_window,
-                    source,
-                    order[w.start : w.stop],
-                    sizes,
-                    needed,
-                    task_bytes=_STREAM_TASK_BYTES,
-                    block_bytes=_STREAM_BLOCK_BYTES,
-                )
-                for w in group_files([sizes[i] for i in order], _WINDOW_BYTES)
-            ]
-
-        # Once the cache is given up, one read across epochs: the next epoch's first
-        # window reads while this one ends.
-        reads = EpochReads(windows)
-
-        def epoch_tables(epoch: int) -> Iterator[pa.Table]:
-            if kept.complete:
-                tables = kept.tables(file_order(epoch))
-            elif kept.refused:
-                tables = reads.tables(epoch)
-            else:
-                # One epoch only: read ahead into the next would be wasted once it is kept.
-                tables = kept.record(file_order(epoch), read_ahead(windows(epoch)))
-            if modules is not None and schema.has_module_id:
-                # Filtered after the cache, which cuts tables at the files' row counts.
-                tables = _only_modules(tables, modules)
-            return tables
+        epochs = FileEpochs(
+            episodes, chosen.read, chosen.modules, seed=seed, cache_budget_mb=rows.cache_budget_mb
+        )
 
     def tables(epoch: int) -> Iterator[pa.Table]:
-        return cut_tables(epoch_tables(epoch), superbatch_rows)
+        return cut_tables(epochs.tables(epoch), superbatch_rows)
 
-    if derived:
-        assert gamma is not None  # split_derived refuses derived columns without it
-        tables = returns_index(source, gamma).wrap(tables, derived)
-    return RowSource(
+    if chosen.derived:
+        assert rows.gamma is not None  # split_derived refuses derived columns without it
+        tables = returns_index(episodes, rows.gamma).wrap(tables, chosen.derived)
+    return RowFeed(
         tables,
-        columns=(*chosen, *derived),
-        modules_to_update=modules,
+        columns=(*chosen.stored, *chosen.derived),
+        modules_to_update=chosen.modules,
         exact=True,
-        close=reads.close if reads is not None else lambda: None,
+        close=epochs.close,
         **options,
     )
 
 
-def _only_modules(tables: Iterable[pa.Table], modules: frozenset[str]) -> Iterator[pa.Table]:
-    """The rows of ``modules``, in order (as a filter inside Ray would keep them)."""
-    wanted = pa.array(sorted(modules))
-    for table in tables:
-        yield table.filter(pc.is_in(table.column("module_id"), value_set=wanted))
+class _RowColumns(NamedTuple):
+    """The columns a row stream delivers and those it reads, checked against the data."""
+
+    stored: tuple[str, ...]
+    derived: tuple[str, ...]
+    """Computed at ingest from whole episodes (``pipeline.reads.returns``)."""
+    read: list[str]
+    """The stored columns, and those that group the rows or locate the derived ones."""
+    modules: frozenset[str] | None
+
+    @classmethod
+    def of(cls, episodes: Episodes, rows: RowStream) -> _RowColumns:
+        schema = episodes.schema
+        stored, derived = split_derived(rows.columns, rows.gamma)
+        chosen = resolve_columns(schema, stored)
+        modules = check_modules(rows.modules_to_update, tuple(episodes.module_ids))
+        read = [*chosen, *(["module_id"] if schema.has_module_id else [])]
+        read = list(dict.fromkeys([*read, *(["eps_id", "t"] if derived else [])]))
+        return cls(chosen, derived, read, modules)
 
 
-def iter_superbatches(shard: Any, superbatch_rows: int) -> Iterator[pa.Table]:
-    """Arrow super-batches of a Ray ``DataIterator`` (a Ray Train shard), batched by Ray:
-    a shard gives no access to its blocks. ``prefetch_batches=1``: the stream's queues
-    already keep batches ready."""
-    return iter(
-        shard.iter_batches(
-            batch_size=superbatch_rows,
-            batch_format="pyarrow",
-            prefetch_batches=1,
-            drop_last=False,
+def _shard_feed(rows: RowStream, superbatch_rows: int, **options: Any) -> RowFeed:
+    """The feed of a Ray Train shard: one learner, read as it comes (not exact)."""
+    columns, derived = split_derived(rows.columns, rows.gamma)
+    if derived:
+        raise ValueError(
+            f"columns {list(derived)} are derived from whole episodes, which one "
+            "learner's shard does not hold; stream the Episodes (or use task_samples)"
         )
+    if options["learners"] != 1 or rows.materialize:
+        raise ValueError(
+            "a DataIterator is already one learner's shard, read as it comes: expected "
+            f"num_learners=1 and no materialize=, got num_learners={options['learners']}"
+        )
+    shard = rows.data
+    return RowFeed(
+        lambda epoch: shard_superbatches(shard, superbatch_rows),
+        columns=tuple(columns) if columns is not None else None,
+        modules_to_update=check_modules(rows.modules_to_update, None),
+        exact=False,
+        close=lambda: None,
+        **options,
     )
+
+
+def _is_materialized(episodes: Episodes) -> bool:
+    from ray.data.dataset import MaterializedDataset
+
+    return isinstance(episodes.dataset, MaterializedDataset)
 
 
 def cut_tables(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:

@@ -42,14 +42,13 @@ def read_window(
     for; closing the iterator cancels those still running."""
     import ray
 
+    from pipeline.ray_compat import with_backpressure
     from pipeline.reads.file_groups import MAX_FILES_PER_TASK
 
     on_disk = [info.schema.column_map.get(name, name) for name in columns]
     # Only what canonical_table needs travels with every task, not every file's name.
     facts = _Canonical(info.schema, info.needs_normalising)
-    read = _remote_read_group().options(
-        num_returns="streaming", _generator_backpressure_num_objects=AHEAD_BLOCKS
-    )
+    read = with_backpressure(_remote_read_group(), AHEAD_BLOCKS)
     generators = []
     try:
         for group in group_files([sizes[i] for i in positions], task_bytes, MAX_FILES_PER_TASK):

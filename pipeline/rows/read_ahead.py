@@ -23,12 +23,9 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
-
-if TYPE_CHECKING:
-    pass
 
 _JOIN_S = 5.0
 
@@ -75,10 +72,7 @@ def read_windows(
 
     def drain(build: Callable[[], Window], bundles: queue.SimpleQueue[Any]) -> None:
         try:
-            window = build()
-            if hasattr(window, "iter_internal_ref_bundles"):  # a Ray Dataset
-                window = window.iter_internal_ref_bundles()
-            for bundle in window:
+            for bundle in _bundles(build()):
                 bundles.put(bundle)
                 if stop.is_set():
                     return
@@ -195,21 +189,24 @@ class EpochReads:
                 self.close()
 
 
+def _bundles(window: Window) -> Iterable[Any]:
+    """What a window gives: a Dataset's bundles as its execution makes them, or the block
+    references it is."""
+    import ray.data
+
+    from pipeline.ray_compat import ref_bundles
+
+    return ref_bundles(window) if isinstance(window, ray.data.Dataset) else window
+
+
 def bundle_blocks(bundle: Any) -> Iterator[pa.Table]:
-    """The blocks of one Ray ``RefBundle`` (from ``Dataset.iter_internal_ref_bundles``, a
-    public DeveloperAPI) as Arrow tables; a bundle may hold a row range of a block (after
-    a ``limit``, say), which is honoured. A plain object reference is one block."""
+    """The blocks of one Ray ``RefBundle`` (``pipeline.ray_compat.ref_bundles``) as Arrow
+    tables, row ranges honoured; a plain object reference is one block."""
     import ray
+
+    from pipeline.ray_compat import bundle_tables
 
     if isinstance(bundle, ray.ObjectRef):
         yield ray.get(bundle)
         return
-    refs = bundle.block_refs
-    slices = getattr(bundle, "slices", None) or (None,) * len(refs)
-    for ref, piece in zip(refs, slices, strict=True):
-        block = ray.get(ref)
-        if not isinstance(block, pa.Table):
-            block = pa.Table.from_pandas(block, preserve_index=False)
-        if piece is not None:
-            block = block.slice(piece.start_offset, piece.end_offset - piece.start_offset)
-        yield block
+    yield from bundle_tables(bundle)

@@ -1,7 +1,7 @@
 """Repeatable per-learner streams: ``split_for_learners`` once, then ``take(num_iters)``.
 
 The learners of one ``split_for_learners`` call form a group. One producer thread per
-group runs the group's source (Ray Data super-batches, or task samples), collates ahead
+group runs the group's feed (Ray Data super-batches, or task samples), collates ahead
 and deals every learner the same number of batches through a small bounded queue of its
 own, so reading, shuffling and collating overlap with the learners' compute; ``take``
 only finalizes (moves to the device) what it hands out. A position counts batches
@@ -11,6 +11,15 @@ A learner that stops taking batches fills its queue and stops the producer, so t
 others wait. A waiting learner consults the group's ``ProgressBoard`` and, after
 ``stall_timeout_s``, raises ``StreamStalledError`` naming the learner that stopped,
 instead of hanging.
+
+``split_for_learners`` takes what every stream has: the learners, the minibatch size,
+the seed, the device and the stall timeout. An option that only one kind of data has
+travels with that data, so that it cannot be given to another: row streams take theirs
+in a ``RowStream`` (``pipeline.rows.options``: columns, modules, discount, super-batch
+rows, materialisation, cache budget), task samples choose theirs in ``task_samples`` and
+take the learners to build in a ``TaskStream`` (``pipeline.tasks.options``: ranks).
+Passing ``Episodes``, a ``DataIterator`` or task samples as they are streams them with
+the defaults.
 """
 
 from __future__ import annotations
@@ -20,17 +29,21 @@ import queue
 import time
 import weakref
 from collections import deque
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from pipeline.rows.feed import EpochSource, row_source
+from pipeline.rows.feed import row_feed
+from pipeline.rows.options import RowStream
 from pipeline.streams.collate import Batch, finalize
+from pipeline.streams.epoch_feed import EpochFeed
 from pipeline.streams.group import StreamGroup
+from pipeline.streams.slot import Batches, EpochEnd, LearnerSlot, Message
 from pipeline.streams.stall import StreamStalledError
-from pipeline.tasks.feed import TaskSource, WindowTaskSource
-from pipeline.tasks.samples import TaskSamples
+from pipeline.tasks.feed import TaskFeed, TaskWindowFeed
+from pipeline.tasks.grouping import TaskSamples
+from pipeline.tasks.options import TaskStream
 from pipeline.tasks.windows import TaskWindows
 
 if TYPE_CHECKING:
@@ -39,8 +52,6 @@ if TYPE_CHECKING:
     from pipeline.reads.episodes import Episodes
 
 __all__ = ["LearnerStream", "StreamStalledError", "split_for_learners"]
-
-_PREFETCH_DEALS = 2
 
 
 class LearnerStream:
@@ -51,18 +62,13 @@ class LearnerStream:
     next epoch (reshuffled with ``seed + epoch``) when one ends.
     """
 
-    def __init__(self, *, name: str, rank: int, group: StreamGroup) -> None:
-        self.name = name
-        self.rank = rank
+    def __init__(self, slot: LearnerSlot, group: StreamGroup) -> None:
+        self.name = slot.name
+        self.rank = slot.rank
+        self._slot = slot
         self._group = group
-        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=_PREFETCH_DEALS)
         self._pending: deque[Batch] = deque()
         self._live_take: object | None = None
-        self._failure: BaseException | None = None
-        self._closed = False
-        self._epoch = 0
-        self._consumed = 0
-        self._discard = 0
         self._batches = 0
         self._epochs_completed = 0
         self._dropped_rows = 0
@@ -100,9 +106,9 @@ class LearnerStream:
             "learner": self.name,
             "rank": self.rank,
             **self._group.settings,
-            "epoch": self._epoch,
-            "batches_consumed": self._consumed,
-            "exact": self._group.source.exact,
+            "epoch": self._slot.epoch,
+            "batches_consumed": self._slot.consumed,
+            "exact": self._group.feed.exact,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -129,7 +135,7 @@ class LearnerStream:
         epoch, consumed = state["epoch"], state["batches_consumed"]
         if not all(isinstance(v, int) and v >= 0 for v in (epoch, consumed)):
             raise ValueError(f"{self.name}: state needs a non-negative epoch and batch count")
-        self._epoch, self._consumed = epoch, consumed
+        self._slot.epoch, self._slot.consumed = epoch, consumed
 
     def stats(self) -> dict[str, Any]:
         """Counters for progress logs; ``rows_per_s`` counts from the first ``take``.
@@ -139,27 +145,25 @@ class LearnerStream:
         """
         rows = self._batches * self._group.rows_per_batch
         elapsed = time.monotonic() - self._first_take if self._first_take else 0.0
-        # Sources with counters of their own (windows of task samples) add them.
-        source_stats = getattr(self._group.source, "stats", dict)
         return {
             "learner": self.name,
-            "epoch": self._epoch,
+            "epoch": self._slot.epoch,
             "batches": self._batches,
             "rows": rows,
             "epochs_completed": self._epochs_completed,
             "dropped_rows": self._dropped_rows,
             "wait_s": round(self._wait_s, 3),
             "rows_per_s": rows / elapsed if elapsed > 0 else 0.0,
-            **source_stats(),
+            # Feeds with counters of their own (windows of task samples) add them.
+            **self._group.feed.stats(),
         }
 
     def close(self) -> None:
         """Stop taking batches; the last learner of a split to close stops its producer
         thread. Idempotent."""
-        if self._closed:
+        if self._slot.closed:
             return
-        self._closed = True
-        self._group.release(self)
+        self._group.release(self._slot)
 
     def __enter__(self) -> LearnerStream:
         return self
@@ -168,7 +172,8 @@ class LearnerStream:
         self.close()
 
     def __repr__(self) -> str:
-        return f"LearnerStream({self.name!r}, epoch={self._epoch}, batch={self._consumed})"
+        slot = self._slot
+        return f"LearnerStream({self.name!r}, epoch={slot.epoch}, batch={slot.consumed})"
 
     def _generate(self, num_iters: int, token: object) -> Iterator[Batch]:
         try:
@@ -187,170 +192,150 @@ class LearnerStream:
             self._live_take = None
 
     def _next_batch(self) -> Batch:
+        slot = self._slot
         while not self._pending:
-            item = self._next_item()
-            if item[0] == "batches":
+            message = self._next_message()
+            if type(message) is Batches:
                 # After a restore, this learner may be ahead of the group's slowest one.
-                skipped = min(self._discard, len(item[1]))
-                self._discard -= skipped
-                self._pending.extend(item[1][skipped:])
-            elif item[0] == "end":
-                self._epoch += 1
-                self._consumed = 0
+                skipped = min(slot.discard, len(message.batches))
+                slot.discard -= skipped
+                self._pending.extend(message.batches[skipped:])
+            elif type(message) is EpochEnd:
+                slot.epoch += 1
+                slot.consumed = 0
                 self._epochs_completed += 1
-                self._dropped_rows += item[1]
+                self._dropped_rows += message.dropped_rows
             else:
-                self._failure = item[1]
-                raise self._failure
-        self._consumed += 1
+                slot.failure = message.error
+                raise message.error
+        slot.consumed += 1
         self._batches += 1
         self._group.board.active(self.name)
         return self._pending.popleft()
 
-    def _next_item(self) -> tuple[Any, ...]:
+    def _next_message(self) -> Message:
         self._check_usable()
         board = self._group.board
         try:
             # Once another learner gave up on this split, this one stops too.
             board.check(self.name)
         except StreamStalledError as error:
-            self._failure = error
+            self._slot.failure = error
             raise
         with contextlib.suppress(queue.Empty):
-            return self._queue.get_nowait()
+            return self._slot.queue.get_nowait()
         started = time.monotonic()
         board.start_wait(self.name)
         try:
             while True:
                 board.check(self.name)
                 with contextlib.suppress(queue.Empty):
-                    return self._queue.get(timeout=self._poll_s)
+                    return self._slot.queue.get(timeout=self._poll_s)
         except StreamStalledError as error:
-            self._failure = error
+            self._slot.failure = error
             raise
         finally:
             board.end_wait(self.name)
             self._wait_s += time.monotonic() - started
 
     def _check_usable(self) -> None:
-        if self._closed:
+        if self._slot.closed:
             raise RuntimeError(f"{self.name}: the stream is closed")
-        if self._failure is not None:
-            raise self._failure
+        if self._slot.failure is not None:
+            raise self._slot.failure
 
 
 def split_for_learners(
-    source: Episodes | TaskSamples | TaskWindows | ray.data.DataIterator,
+    data: Episodes | ray.data.DataIterator | RowStream | TaskSamples | TaskWindows | TaskStream,
     num_learners: int,
     *,
     minibatch_size: int,
     seed: int = 0,
-    superbatch_rows: int = 16384,
-    columns: Sequence[str] | None = None,
-    modules_to_update: Collection[str] | None = None,
     device: torch.device | str = "cpu",
     stall_timeout_s: float = 60.0,
-    materialize: bool = False,
-    ranks: Sequence[int] | None = None,
-    gamma: float | None = None,
-    cache_budget_mb: float | None = None,
 ) -> list[LearnerStream]:
-    """Split ``source`` once into one repeatable stream per learner.
+    """Split ``data`` once into one repeatable stream per learner.
 
-    ``source`` is ``Episodes`` (row minibatches of ``minibatch_size`` rows), the result
-    of ``task_samples`` (meta-batches of ``minibatch_size`` tasks per learner, in memory
-    or read window by window), or a Ray
-    ``DataIterator`` that is already one learner's shard (Ray Train's
-    ``get_dataset_shard``; ``num_learners=1``). Row streams fetch ``superbatch_rows`` rows
-    per Ray Data batch (rounded down to whole minibatches), shuffle the file order (the
-    block order when materialized) and the rows inside each super-batch with
-    ``seed + epoch``, and deal minibatches to the learners in turn.
-
-    Row streams keep the first epoch read to its end in memory and serve later epochs from
-    it, with the same batches a re-read gives, when the selected columns take at most
-    ``cache_budget_mb`` MiB (default: a quarter of Ray's object store; 0: read every epoch
-    from the files, two windows of files in memory at most). ``materialize`` reads the
-    selected columns once, now, into Ray's object store (which spills to disk when full).
-    ``stall_timeout_s`` bounds how long a learner waits for data that a stopped learner
-    holds up before ``StreamStalledError``. ``ranks`` builds only those learners' streams
-    (a Ray Train worker passes its own rank): task samples only. ``gamma`` adds the
-    columns derived at ingest to row minibatches (``returns``, ``returns_truncated``; see
-    ``pipeline.reads.returns``); task samples take it in ``task_samples``.
+    ``data`` is ``Episodes`` (row minibatches of ``minibatch_size`` rows), the result of
+    ``task_samples`` (meta-batches of ``minibatch_size`` tasks per learner, in memory or
+    read window by window), or a Ray ``DataIterator`` that is already one learner's shard
+    (Ray Train's ``get_dataset_shard``; ``num_learners=1``); a ``RowStream`` or a
+    ``TaskStream`` around them carries the options of that kind of stream (see the
+    module). Row streams fetch super-batches of rows, shuffle the file order (the block
+    order when materialized) and the rows inside each super-batch with ``seed + epoch``,
+    and deal minibatches to the learners in turn; they keep the first epoch read to its
+    end in memory and serve later epochs from it, with the same batches a re-read gives,
+    when it fits ``RowStream.cache_budget_mb``. ``stall_timeout_s`` bounds how long a
+    learner waits for data that a stopped learner holds up before ``StreamStalledError``.
     """
     _check_int("num_learners", num_learners, 1)
     _check_int("minibatch_size", minibatch_size, 1)
     _check_int("seed", seed, 0)
-    _check_int("superbatch_rows", superbatch_rows, 1)
     if stall_timeout_s <= 0:
         raise ValueError(f"stall_timeout_s must be > 0 seconds, got {stall_timeout_s}")
-    if cache_budget_mb is not None and not cache_budget_mb >= 0:
-        raise ValueError(
-            f"cache_budget_mb must be >= 0 MiB (0 reads every epoch from the files) or None "
-            f"(a quarter of Ray's object store), got {cache_budget_mb!r}"
-        )
     device = torch.device(device)
-    ranks = list(range(num_learners)) if ranks is None else list(ranks)
-    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < num_learners for r in ranks):
-        raise ValueError(f"ranks must be distinct learners in [0, {num_learners}), got {ranks}")
-    source_of_batches: EpochSource
-    extra_settings: dict[str, Any] = {}
-    if isinstance(source, TaskSamples | TaskWindows):
-        given = (columns, modules_to_update, gamma)
-        if any(value is not None for value in given) or materialize or cache_budget_mb is not None:
-            raise ValueError(
-                "task samples come with their columns, modules_to_update and gamma chosen "
-                "by task_samples(); pass those there, and no materialize= or cache_budget_mb="
-            )
-        windowed = isinstance(source, TaskWindows)
-        source_of_batches = (WindowTaskSource if windowed else TaskSource)(
-            source,
-            tasks_per_batch=minibatch_size,
-            seed=seed,
-            ranks=ranks,
-            num_learners=num_learners,
-            pin_memory=device.type == "cuda",
-        )
-        kind, rows_per_batch = "tasks", minibatch_size * (source.support + source.query)
-        if windowed:
-            # Another window size gives other batches: a state resumes only the same one.
-            kind, extra_settings = "task_windows", {"window_rows": source.window_rows}
+    if isinstance(data, TaskSamples | TaskWindows):
+        data = TaskStream(data)
+    elif not isinstance(data, RowStream | TaskStream):
+        data = RowStream(data)
+    pin_memory = device.type == "cuda"
+    if isinstance(data, TaskStream):
+        plan = _task_plan(data, num_learners, minibatch_size, seed, pin_memory)
     else:
-        if len(ranks) != num_learners:
-            raise ValueError(
-                "ranks= works for task samples only: row streams of one split are dealt "
-                "from one read, so they are built together (a Ray Train worker passes its "
-                "dataset shard as the source, with num_learners=1)"
-            )
-        source_of_batches = row_source(
-            source,
-            num_learners,
-            minibatch_size=minibatch_size,
-            seed=seed,
-            superbatch_rows=superbatch_rows,
-            columns=columns,
-            modules_to_update=modules_to_update,
-            materialize=materialize,
-            pin_memory=device.type == "cuda",
-            gamma=gamma,
-            cache_budget_mb=cache_budget_mb,
+        feed = row_feed(
+            data, num_learners, minibatch_size=minibatch_size, seed=seed, pin_memory=pin_memory
         )
-        kind, rows_per_batch = "rows", minibatch_size
+        plan = _Plan(feed, list(range(num_learners)), "rows", minibatch_size, {})
     group = StreamGroup(
-        source=source_of_batches,
-        ranks=ranks,
+        feed=plan.feed,
+        ranks=plan.ranks,
         settings={
-            "kind": kind,
+            "kind": plan.kind,
             "num_learners": num_learners,
             "seed": seed,
             "minibatch_size": minibatch_size,
-            **extra_settings,
+            **plan.settings,
         },
-        rows_per_batch=rows_per_batch,
+        rows_per_batch=plan.rows_per_batch,
         device=device,
         stall_timeout_s=stall_timeout_s,
-        make_stream=LearnerStream,
     )
-    return group.streams
+    return [LearnerStream(slot, group) for slot in group.slots]
+
+
+class _Plan(NamedTuple):
+    """A group's feed, and what ``state()`` and ``stats()`` say about it."""
+
+    feed: EpochFeed
+    ranks: list[int]
+    kind: str
+    rows_per_batch: int
+    settings: dict[str, Any]
+    """Settings a saved state must match besides the common ones."""
+
+
+def _task_plan(
+    stream: TaskStream, num_learners: int, minibatch_size: int, seed: int, pin_memory: bool
+) -> _Plan:
+    ranks = list(range(num_learners)) if stream.ranks is None else list(stream.ranks)
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < num_learners for r in ranks):
+        raise ValueError(f"ranks must be distinct learners in [0, {num_learners}), got {ranks}")
+    samples = stream.samples
+    options: dict[str, Any] = {
+        "tasks_per_batch": minibatch_size,
+        "seed": seed,
+        "ranks": ranks,
+        "num_learners": num_learners,
+        "pin_memory": pin_memory,
+    }
+    rows_per_batch = minibatch_size * (samples.support + samples.query)
+    if isinstance(samples, TaskWindows):
+        # Another window size gives other batches: a state resumes only the same one.
+        settings = {"window_rows": samples.window_rows}
+        return _Plan(
+            TaskWindowFeed(samples, **options), ranks, "task_windows", rows_per_batch, settings
+        )
+    return _Plan(TaskFeed(samples, **options), ranks, "tasks", rows_per_batch, {})
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -1,11 +1,11 @@
 """Where meta-batches come from: task samples in memory, or windows of tasks read in turn.
 
-Both sources plan an epoch as rows ``[samples, K + Q]`` (see ``TaskSamples.epoch_plan``)
+Both feeds plan an epoch as rows ``[samples, K + Q]`` (see ``TaskSamples.epoch_plan``)
 and cut it the same way (``MetaBatches``): meta-batch ``j`` of learner ``r`` out of ``W``
 takes samples ``[(j * W + r) * M, (j * W + r + 1) * M)``, so the learners' shares of step
 ``j`` are together exactly what one learner with meta-batches of ``M * W`` gets.
 
-``WindowTaskSource`` reads the windows of a ``TaskWindows`` one at a time, in an order
+``TaskWindowFeed`` reads the windows of a ``TaskWindows`` one at a time, in an order
 drawn from ``seed + epoch``, and deals meta-batches from *pools* that mix the samples of
 two windows. With windows ``w_0 .. w_{n-1}`` in the epoch's order:
 
@@ -15,7 +15,7 @@ two windows. With windows ``w_0 .. w_{n-1}`` in the epoch's order:
   shuffled together; the rest of ``w_p``'s are carried on;
 - the last pool holds what ``w_{n-2}`` carried plus every sample of ``w_{n-1}``.
 
-So every meta-batch holds tasks of at most two windows, the source holds one window plus
+So every meta-batch holds tasks of at most two windows, the feed holds one window plus
 the carried samples (at most one window's worth) at a time, and only the last pool's
 samples short of a whole round are dropped (counted), as the in-memory path drops the
 epoch's (unless a window has fewer samples than a round). With one window the pool is
@@ -33,9 +33,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from pipeline.rows.feed import Deal
 from pipeline.streams.collate import Batch, gather
-from pipeline.tasks.samples import TaskSamples
+from pipeline.streams.epoch_feed import Deal
+from pipeline.tasks.grouping import TaskSamples
 from pipeline.tasks.windows import TaskWindows
 
 _DEAL_ROWS = 16384
@@ -123,7 +123,7 @@ class MetaBatches:
         return metas
 
 
-class TaskSource:
+class TaskFeed:
     """Meta-batches of ``tasks_per_batch`` task samples for the learners ``ranks``."""
 
     exact = True
@@ -163,6 +163,12 @@ class TaskSource:
             "learner(s); lower minibatch_size, support or query, or add tasks"
         )
 
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        """Nothing reads ahead: the samples are in memory."""
+
     def _take(self, index: np.ndarray) -> dict[str, torch.Tensor]:
         return _gather_all(self._samples.arrays, index, self._pin_memory)
 
@@ -190,7 +196,7 @@ class _Pool(NamedTuple):
     """Rounds of meta-batches the pool gives."""
 
 
-class WindowTaskSource:
+class TaskWindowFeed:
     """Meta-batches of ``tasks_per_batch`` task samples drawn window by window from a
     ``TaskWindows``, each mixing the tasks of at most two windows (see the module)."""
 
@@ -265,12 +271,15 @@ class WindowTaskSource:
         )
 
     def stats(self) -> dict[str, int]:
-        """Windows read and rows held (now and at most) since this source was built."""
+        """Windows read and rows held (now and at most) since this feed was built."""
         return {
             "windows_read": self._windows_read,
             "rows_held": self._rows_held,
             "max_rows_held": self._max_rows_held,
         }
+
+    def close(self) -> None:
+        """Nothing reads ahead: a window is read when its pool's turn comes."""
 
     def _pools(self, epoch: int) -> list[_Pool]:
         count = len(self._windows.windows)

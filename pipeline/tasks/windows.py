@@ -10,12 +10,12 @@ sampled and returns them as in-memory ``TaskSamples`` (sorted like the in-memory
 a window is planned exactly as the whole dataset is in memory. With a discount ``gamma``
 the window also gets the columns derived at ingest (``pipeline.reads.returns``), computed from
 its own sorted rows: a window holds whole tasks, so whole episodes. How windows are mixed
-into meta-batches is ``pipeline.tasks.feed.WindowTaskSource``.
+into meta-batches is ``pipeline.tasks.feed.TaskWindowFeed``.
 
 Memory: the budget covers a window read, its sorted copy, the samples carried over from
 the previous window (at most one window) and the conversion to arrays, so a window has
 ``budget / (4 * bytes per row)`` rows. ``held_rows_limit`` (two windows) bounds the rows
-the source holds at once; ``LearnerStream.stats()["max_rows_held"]`` reports them.
+the feed holds at once; ``LearnerStream.stats()["max_rows_held"]`` reports them.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ import pyarrow.parquet as pq
 from pipeline.contract.schema import DatasetError, EpisodeSchema
 from pipeline.io.arrow_columns import decoded
 from pipeline.reads.episodes import DatasetInfo
-from pipeline.tasks.order import Piece, Span, task_spans
-from pipeline.tasks.samples import (
+from pipeline.tasks.grouping import (
     TaskSamples,
     check_task_sizes,
     group_rows,
@@ -45,6 +44,7 @@ from pipeline.tasks.samples import (
     sort_by_task,
     with_inputs,
 )
+from pipeline.tasks.order import Piece, Span, task_spans
 
 _COPIES = 4
 _MB = 2**20

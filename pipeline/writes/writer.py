@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.contract.dataset_json import DatasetMetadata, write_metadata
-from pipeline.contract.schema import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
+from pipeline.contract.schema import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, DatasetError
 from pipeline.reads.episodes import DatasetInfo, inspect_episodes
 
 ROW_GROUP_ROWS = 65_536
@@ -140,7 +140,12 @@ class DatasetWriter:
         self._close_file()
         metadata = metadata.model_copy(update={"num_rows": self._rows, "files": self._files})
         write_metadata(self._data, metadata)
-        self._staged = inspect_episodes(self._data)
+        try:
+            self._staged = inspect_episodes(self._data)
+        except DatasetError as exc:
+            # The staging directory goes when the with block ends: name the files where
+            # they would have been published, as `offmeta data validate OUT` would.
+            raise DatasetError(str(exc).replace(str(self._data), str(self._out))) from None
         return self._staged
 
     def publish(self) -> DatasetInfo:

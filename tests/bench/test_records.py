@@ -1,5 +1,6 @@
-"""Benchmark records (bench/records.py) and the README table generated from them
-(bench/readme_table.py): the README's Performance table is what the committed records give."""
+"""Benchmark records (bench/records.py) and the pages generated from them
+(bench/readme_table.py): docs/performance.md's table and the README's headline figures are
+what the committed records give."""
 
 from __future__ import annotations
 
@@ -16,15 +17,39 @@ import pytest
 import ray
 import torch
 
-from bench.readme_table import BEGIN, END, check_readme, figure_rows, main, render_readme
+from bench.readme_table import (
+    BEGIN,
+    END,
+    HEADLINE_BEGIN,
+    HEADLINE_END,
+    Headline,
+    check_pages,
+    figure_rows,
+    headline_rows,
+    main,
+    render_headlines,
+    render_performance,
+    render_readme,
+)
 from bench.records import REQUIRED, Baseline, meets, read_records, write_record
 from tests.helpers.paths import REPO
 
 ROOT = REPO
 
 
-def test_the_readme_table_is_what_the_records_give():
-    assert check_readme() is None
+def test_the_pages_are_what_the_records_give():
+    assert check_pages() is None
+
+
+def test_the_readme_shows_five_headline_figures_from_the_records():
+    rows = figure_rows(read_records())
+    assert [headline.figure for headline, _ in headline_rows(rows)] == [
+        "5-step-compiled-sinusoid",
+        "1-first-epoch",
+        "2b-steady-epochs-rllib",
+        "1-sinusoid-loop",
+        "4-s3-publish-load",
+    ]
 
 
 def test_the_committed_records_cover_every_bench_script():
@@ -177,9 +202,15 @@ def test_a_row_holds_the_latest_run_and_the_range_over_every_run(tmp_path):
     ]
 
 
-def _readme(tmp_path: Path, table: str) -> Path:
+def _performance(tmp_path: Path, table: str) -> Path:
+    page = tmp_path / "performance.md"
+    page.write_text(f"# demo\n\n## Performance\n\n{BEGIN}\n{table}\n{END}\n\n## Next\n")
+    return page
+
+
+def _readme(tmp_path: Path, figures: str) -> Path:
     readme = tmp_path / "README.md"
-    readme.write_text(f"# demo\n\n## Performance\n\n{BEGIN}\n{table}\n{END}\n\n## Next\n")
+    readme.write_text(f"# demo\n\n{HEADLINE_BEGIN}\n{figures}\n{HEADLINE_END}\n\n## Next\n")
     return readme
 
 
@@ -188,16 +219,38 @@ def test_the_table_is_regenerated_between_the_markers_and_checked(tmp_path, caps
     for ratio in (0.6, 0.4):
         _write(results, ratio)
     write_record("demo", "2-loss", "loss | MSE", 0.3, "MSE", shape={}, directory=results)
+    write_record(
+        "flow",
+        "1-sinusoid-loop",
+        "loop it/s",
+        1.8,
+        "it/s",
+        shape={"iterations": 1000},
+        baseline=Baseline("learner alone", 2.0),
+        target=">= 0.9",
+        directory=results,
+    )
+    page = _performance(tmp_path, "| typed by hand | 0.99 |")
     readme = _readme(tmp_path, "| typed by hand | 0.99 |")
-    arguments = ["--readme", str(readme), "--results", str(results)]
+    arguments = ["--performance", str(page), "--readme", str(readme), "--results", str(results)]
     assert main(["--check", *arguments]) == 1
-    assert "differs from the records" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert f"{page} differs from the records" in error
+    assert f"{readme} differs from the records" in error
     assert main(arguments) == 0
     assert main(["--check", *arguments]) == 0
-    text = readme.read_text()
+    assert readme.read_text() == (
+        f"# demo\n\n{HEADLINE_BEGIN}\n"
+        "| figure | latest (date) | range (runs) | target | met (runs met) | shape |\n"
+        "|---|---|---|---|---|---|\n"
+        "| flow loop vs learner alone (`flow` 1-sinusoid-loop) "
+        f"| 0.9 ({read_records(results)[-1]['date'][:10]}) | 0.9–0.9 (1) | >= 0.9 | yes (1/1) "
+        f"| iterations 1,000 |\n{HEADLINE_END}\n\n## Next\n"
+    )
+    text = page.read_text()
     assert text.startswith(f"# demo\n\n## Performance\n\n{BEGIN}\n| bench |")
     assert text.endswith(f"{END}\n\n## Next\n")
-    date = read_records(results)[-1]["date"][:10]
+    date = read_records(results)[-2]["date"][:10]
     lines = text.splitlines()
     assert lines[7].startswith(
         "| `demo` | 1-read: reading, rows/s | plain reading | rows 100 | 0.4 ("
@@ -206,12 +259,32 @@ def test_the_table_is_regenerated_between_the_markers_and_checked(tmp_path, caps
     assert lines[8].startswith("| `demo` | 2-loss: loss \\| MSE | none | ")
     assert f"| 0.3 MSE ({date}, " in lines[8]
     assert lines[8].endswith(" | 0.3–0.3 (1) | none | report only | M1 |")
-    assert lines[10].startswith(f"M1: {os.cpu_count()} cores, ")
-    assert lines[10].endswith(
+    assert lines[9].startswith("| `flow` | 1-sinusoid-loop: loop it/s | learner alone | ")
+    assert lines[11].startswith(f"M1: {os.cpu_count()} cores, ")
+    assert lines[11].endswith(
         f"device cpu; pyarrow {pyarrow.__version__}, python {platform.python_version()}, "
         f"ray {ray.__version__}, torch {torch.__version__}"
     )
-    assert lines[11].startswith("load: the machine's 1-minute load average")
+    assert lines[12].startswith("load: the machine's 1-minute load average")
+
+
+def test_a_headline_shows_the_row_of_its_figure_whose_latest_run_is_newest(tmp_path):
+    _write(tmp_path, 0.6, shape={"rows": 100})
+    _write(tmp_path, 0.8, shape={"rows": 10})  # newer: the headline's row
+    _write(tmp_path, 0.7, shape={"rows": 10})
+    rows = figure_rows(read_records(tmp_path))
+    headlines = (Headline("demo", "1-read", "reading"), Headline("demo", "9-none", "nothing"))
+    assert [(h.label, r.latest["shape"], r.runs) for h, r in headline_rows(rows, headlines)] == [
+        ("reading", {"rows": 10}, 2)
+    ]
+    assert (
+        render_headlines(rows, headlines)
+        .splitlines()[2]
+        .startswith("| reading (`demo` 1-read) | 0.7 (")
+    )
+    assert render_headlines([], headlines) == (
+        "No records yet: run the bench scripts (see docs/development.md)."
+    )
 
 
 @pytest.mark.parametrize(
@@ -222,10 +295,17 @@ def test_the_table_is_regenerated_between_the_markers_and_checked(tmp_path, caps
         (f"{BEGIN}\n{BEGIN}\n{END}\n", "found 2 of the first and 1 of the second"),
     ],
 )
-def test_a_readme_without_one_pair_of_markers_is_refused(text, found):
+def test_a_page_without_one_pair_of_markers_is_refused(text, found):
     with pytest.raises(ValueError) as error:
-        render_readme(text, "table")
+        render_performance(text, "table")
     assert str(error.value) == (
-        f"README.md needs one line {BEGIN} and, after it, one line {END} around the "
-        f"Performance table; {found}"
+        f"docs/performance.md needs one line {BEGIN} and, after it, one line {END} around "
+        f"the table; {found}"
+    )
+    headline_text = text.replace(BEGIN, HEADLINE_BEGIN).replace(END, HEADLINE_END)
+    with pytest.raises(ValueError) as error:
+        render_readme(headline_text, "figures")
+    assert str(error.value) == (
+        f"README.md needs one line {HEADLINE_BEGIN} and, after it, one line {HEADLINE_END} "
+        f"around the headline figures; {found}"
     )

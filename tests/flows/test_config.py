@@ -59,6 +59,11 @@ def test_overrides_reach_nested_learner_fields_and_are_parsed_as_yaml() -> None:
     assert cfg.artifacts.name == "nightly"
 
 
+def test_value_checks_default_to_full_and_can_be_lowered() -> None:
+    assert load_config(POINT_ROBOT).data.check_values == "full"
+    assert load_config(POINT_ROBOT, ["data.check_values=sample"]).data.check_values == "sample"
+
+
 def test_dumped_config_validates_back_to_the_same_config() -> None:
     # Deployments (offmeta serve) pass the config as a JSON parameter and get it back.
     cfg = load_config(POINT_ROBOT, ["learners.algorithm=metasgd"])
@@ -107,6 +112,10 @@ def test_learners_section_is_a_meta_config_plus_placement() -> None:
             "artifacts.name: artifact name 'bad/name' contains the path separator '/'; expected "
             "a single name made of letters, digits, '.', '_' and '-', starting with a letter or "
             "digit (e.g. 'sinusoid-maml')",
+        ),
+        (
+            ["data.check_values=fast"],
+            "data.check_values: Input should be 'full', 'sample' or 'off' (got 'fast')",
         ),
         (
             ["learners.num_learners=-1"],

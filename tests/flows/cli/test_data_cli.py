@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 import flows.cli
 from pipeline.reads.episodes import inspect_episodes
-from tests.helpers.episode_files import episode_table, write
+from tests.helpers.episode_files import episode_table, tensor, write
 
 
 @pytest.fixture(autouse=True)
@@ -109,6 +110,55 @@ def test_validate_allows_partial_episodes_only_when_asked(tmp_path, capsys):
     argv = ["data", "validate", str(path), "--allow-partial-episodes", "--json"]
     assert flows.cli.main(argv) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 2
+
+
+def test_validate_refuses_non_finite_values_unless_told_not_to_check(tmp_path, capsys):
+    rewards = pa.array([0, 1, 2, 3, float("nan"), float("inf")], pa.float32())
+    path = write(tmp_path / "part.parquet", episode_table(rewards=rewards))
+
+    assert flows.cli.main(["data", "validate", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f"offmeta data validate: {path}: column 'rewards' has non-finite values (NaN or inf) "
+        "in 2 of 6 rows, first at eps_id 1 t 1; expected finite numbers in every row. Fix: "
+        "drop the episodes holding them or repair the values where they were recorded\n"
+    )
+    assert flows.cli.main(["data", "validate", str(path), "--check-values", "sample"]) == 1
+    capsys.readouterr()
+    assert flows.cli.main(["data", "validate", str(path), "--check-values", "off"]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: OK\n")
+
+
+def test_validate_refuses_discrete_actions_outside_the_action_space(tmp_path, capsys):
+    actions = pa.array([0, 1, 2, 1, 0, 1], pa.int64())
+    path = write(tmp_path / "part.parquet", episode_table(action_dim=None, actions=actions))
+    space = {"kind": "discrete", "n": 2}
+    (tmp_path / "dataset.json").write_text(json.dumps({"id": "tiny", "action_space": space}))
+
+    assert flows.cli.main(["data", "validate", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"offmeta data validate: {path}: column 'actions' has actions outside [0, 2) in 1 of 6 "
+        "rows, first at eps_id 0 t 2 (action 2); expected 0 <= action < 2 as the discrete "
+        f"action_space (n: 2) in {tmp_path / 'dataset.json'} declares. Fix: correct the "
+        "actions or action_space.n\n"
+    )
+
+
+def test_validate_warns_of_actions_outside_a_box(tmp_path, capsys):
+    actions = np.zeros((6, 2), np.float32)
+    actions[3, 1] = 2.0
+    path = write(tmp_path / "part.parquet", episode_table(actions=tensor(actions)))
+    space = {"kind": "box", "shape": [2], "low": -1, "high": 1}
+    (tmp_path / "dataset.json").write_text(json.dumps({"id": "tiny", "action_space": space}))
+
+    assert flows.cli.main(["data", "validate", str(tmp_path), "--json"]) == 0
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["actions_outside_box"] == 1
+    assert shown.err == (
+        "offmeta data validate: warning: column 'actions' has components outside "
+        f"action_space's bounds [-1.0, 1.0] ({tmp_path / 'dataset.json'}) in 1 of 6 rows, "
+        f"first in {path} at eps_id 1 t 0; kept as recorded (recorders often store actions "
+        "before the environment clips them)\n"
+    )
 
 
 def test_malformed_column_map_option(tmp_path, capsys):

@@ -304,10 +304,10 @@ def test_offline_rl_rollouts_add_the_recorded_episodes_of_the_same_goals(
             assert episode["behavior"] == label
 
 
-def test_the_readme_shows_the_three_pictures_of_a_run() -> None:
-    root = REPO
-    linked = re.findall(r"^!\[[^\]]*\]\(([^)]+)\)$", (root / "README.md").read_text(), re.M)
-    assert linked == [f"bench/pictures/{p}.png" for p in PICTURES]
+def test_the_docs_show_the_three_pictures_of_a_run() -> None:
+    root = REPO / "docs"
+    linked = re.findall(r"^!\[[^\]]*\]\(([^)]+)\)$", (root / "runs.md").read_text(), re.M)
+    assert linked == [f"pictures/{p}.png" for p in PICTURES]
     sizes = {Path(link).stem: png_size((root / link).read_bytes()) for link in linked}
     assert sizes["adaptation"] == ADAPTATION_PX and sizes["rollouts"] == ROLLOUTS_PX
     assert sizes["learning_curve"] == (CURVE_WIDTH_PX, CURVE_TITLE_PX + 2 * CURVE_PANEL_PX)

@@ -1,4 +1,4 @@
-"""The README's S3 commands run as written against the loopback server (docs that run):
+"""The S3 commands of docs/artifacts.md run as written against the loopback server (docs that run):
 the CLI lines and the consumer one-liner of the bash block that uses s3://models/offmeta."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ REPO = REPO
 
 
 def _s3_block() -> list[str]:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Artifact store\n", 1)[1].split("\n## ", 1)[0]
+    page = (REPO / "docs" / "artifacts.md").read_text()
+    section = page.split("## On S3 {#on-s3}\n", 1)[1].split("\n## ", 1)[0]
     (block,) = [b for b in re.findall(r"```bash\n(.*?)```", section, re.DOTALL) if "s3://" in b]
     return [line for line in block.splitlines() if line.strip()]
 

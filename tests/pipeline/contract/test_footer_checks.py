@@ -393,14 +393,14 @@ def test_row_count_is_only_checked_when_every_file_is_read(tmp_path):
         ),
         (
             '{"id": "x", "num_row": 3}',
-            "field 'num_row': Extra inputs are not permitted; expected the fields described "
-            "in data/README.md",
+            "field 'num_row': Extra inputs are not permitted; expected the fields of "
+            "docs/data-contract.md#dataset-json",
         ),
         (
             '{"num_rows": "many"}',
             "field 'id': Field required; field 'num_rows': Input should be a valid integer, "
-            "unable to parse string as an integer; expected the fields described in "
-            "data/README.md",
+            "unable to parse string as an integer; expected the fields of "
+            "docs/data-contract.md#dataset-json",
         ),
     ],
 )

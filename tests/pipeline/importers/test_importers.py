@@ -21,7 +21,7 @@ from pipeline.contract.dataset_json import DatasetMetadata
 from pipeline.contract.schema import DatasetError
 from pipeline.importers import import_minari, import_rllib
 from pipeline.importers.recording_files import natural_key
-from pipeline.importers.rllib_repeats import ORIGIN, SORT_KEYS, RepeatedSteps
+from pipeline.importers.rllib.repeats import ORIGIN, SORT_KEYS, RepeatedSteps
 from pipeline.reads.episodes import inspect_episodes
 from pipeline.writes.external_sort import sort_tables
 from pipeline.writes.writer import DatasetWriter
@@ -421,6 +421,29 @@ def test_minari_refuses_an_episode_that_ends_before_its_last_step(tmp_path):
         f"{path.parent}: column 'terminations' is set at step 2 of {steps}; expected an episode "
         "to end only at its last step"
     )
+
+
+def test_an_import_with_a_nan_reward_is_refused_and_writes_nothing(tmp_path):
+    shutil.copytree(MINARI / "arrow", tmp_path / "source")
+    path = tmp_path / "source" / "data" / "3" / "part-0.arrow"
+    raw = pa.ipc.open_file(path).read_all()
+    rewards = raw.column("rewards").to_numpy().copy()
+    rewards[2] = np.nan
+    index = raw.schema.get_field_index("rewards")
+    raw = raw.set_column(index, "rewards", pa.array(rewards))
+    with pa.ipc.new_file(path, raw.schema) as writer:
+        writer.write_table(raw)
+
+    with pytest.raises(DatasetError) as refused:
+        import_minari(tmp_path / "source", tmp_path / "out")
+    # The message `offmeta data validate` gives, naming the file the import would have written.
+    assert str(refused.value) == (
+        f"{tmp_path / 'out' / 'part-00000.parquet'}: column 'rewards' has non-finite values "
+        "(NaN or inf) in 1 of 316 rows, first at eps_id 3 t 2; expected finite numbers in "
+        "every row. Fix: drop the episodes holding them or repair the values where they were "
+        "recorded"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["source"]
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from pipeline.contract.schema import DatasetError
 from pipeline.importers import import_minari, import_rllib
 from pipeline.importers.recording_files import natural_key
 from pipeline.reads.episodes import inspect_episodes, read_episodes
+from pipeline.rows.options import RowStream
 from pipeline.streams.learner_stream import split_for_learners
 from pipeline.tasks.samples import task_samples
 from pipeline.writes.compact import compact
@@ -93,9 +94,9 @@ def test_ray_reads_one_epoch_equal_to_the_local_one(remote, ray_session):
     endpoint and keys in it."""
     local, s3 = read_episodes(LOCAL), read_episodes(remote)
     assert s3.dataset.count() == local.num_rows == 20_000
-    options = {"minibatch_size": 1000, "superbatch_rows": 20_000, "seed": 4}
-    [from_s3] = split_for_learners(s3, 1, **options)
-    [from_disk] = split_for_learners(local, 1, **options)
+    options = {"minibatch_size": 1000, "seed": 4}
+    [from_s3] = split_for_learners(RowStream(s3, superbatch_rows=20_000), 1, **options)
+    [from_disk] = split_for_learners(RowStream(local, superbatch_rows=20_000), 1, **options)
     with from_s3, from_disk:
         got, expected = list(from_s3.take(20)), list(from_disk.take(20))
     for batch, reference in zip(got, expected, strict=True):
@@ -258,10 +259,10 @@ def _natural(paths) -> list[Path]:
 
 @pytest.mark.timeout(300)
 def test_the_data_readme_s3_commands_run(s3_endpoint, tmp_path):
-    """The bash block of data/README.md's "On S3" against the loopback server (the fixture
+    """The bash block of docs/data-contract.md's "On S3" against the loopback server (the fixture
     sets the AWS variables its exports set); outputs go to ``tmp_path`` instead of /tmp."""
-    text = (REPO / "data" / "README.md").read_text()
-    section = text.split("## On S3\n", 1)[1].split("\n## ", 1)[0]
+    text = (REPO / "docs" / "data-contract.md").read_text()
+    section = text.split("## On S3 {#on-s3}\n", 1)[1].split("\n## ", 1)[0]
     lines = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)[0].splitlines()
     assert [line.split()[1].split("=")[0] for line in lines[:2]] == [
         "AWS_ENDPOINT_URL",

@@ -16,6 +16,7 @@ from pipeline.reads.returns import (
     returns_columns,
     split_derived,
 )
+from pipeline.rows.options import RowStream
 from pipeline.streams.learner_stream import split_for_learners
 from pipeline.tasks.samples import task_samples
 from tests.helpers.episode_files import episode_table, write
@@ -163,13 +164,8 @@ def test_task_samples_carry_returns_of_whole_episodes(dataset):
 @pytest.mark.timeout(120)
 def test_row_streams_look_returns_up_by_episode_and_step(dataset):
     episodes, expected = dataset
-    [stream] = split_for_learners(
-        episodes,
-        1,
-        minibatch_size=8,
-        columns=["eps_id", "t", "returns", "returns_truncated"],
-        gamma=GAMMA,
-    )
+    rows = RowStream(episodes, columns=["eps_id", "t", "returns", "returns_truncated"], gamma=GAMMA)
+    [stream] = split_for_learners(rows, 1, minibatch_size=8)
     with stream:
         batches = list(stream.take(len(expected) // 8))
     seen = set()
@@ -278,10 +274,8 @@ def test_row_streams_of_agents_sharing_episode_ids_get_each_agents_returns(tmp_p
         )
         for e, s, r in zip(eps, np.asarray(table.column("t")), returns, strict=True):
             expected[(module, int(e), int(s))] = r
-    [stream] = split_for_learners(
-        read_episodes(tmp_path), 1, minibatch_size=4, columns=["eps_id", "t", "returns"],
-        gamma=GAMMA,
-    )  # fmt: skip
+    rows = RowStream(read_episodes(tmp_path), columns=["eps_id", "t", "returns"], gamma=GAMMA)
+    [stream] = split_for_learners(rows, 1, minibatch_size=4)
     seen = {}
     with stream:
         for batch in stream.take(6):

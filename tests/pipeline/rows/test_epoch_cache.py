@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.reads.episodes import read_episodes
 from pipeline.rows.epoch_cache import FileTables
+from pipeline.rows.options import RowStream
 from pipeline.streams.learner_stream import LearnerStream, split_for_learners
 from pipeline.tasks.samples import task_samples
 from tests.helpers.episode_files import write_two_agents
@@ -31,9 +32,12 @@ def _write_rows(directory: Path) -> Path:
     return write_two_agents(directory, [0, 300, 700, ROWS])
 
 
-def _streams(episodes, num_learners=1, **options) -> list[LearnerStream]:
-    options = {"minibatch_size": MINIBATCH, "superbatch_rows": SUPERBATCH, "seed": 3, **options}
-    return split_for_learners(episodes, num_learners, **options)
+def _streams(episodes, num_learners=1, **rows) -> list[LearnerStream]:
+    """Streams of ``episodes`` (seed 3); ``rows`` are ``RowStream`` options."""
+    rows = {"superbatch_rows": SUPERBATCH, **rows}
+    return split_for_learners(
+        RowStream(episodes, **rows), num_learners, minibatch_size=MINIBATCH, seed=3
+    )
 
 
 def _lockstep(streams: list[LearnerStream], steps: int) -> list[np.ndarray]:
@@ -49,16 +53,16 @@ def _lockstep(streams: list[LearnerStream], steps: int) -> list[np.ndarray]:
 
 def _count_windows(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """The windows of files that streams read from now on, one entry each."""
-    import pipeline.rows.feed
+    import pipeline.rows.epoch_tables
 
-    read_window = pipeline.rows.feed.read_window
+    read_window = pipeline.rows.epoch_tables.read_window
     built: list[object] = []
 
     def counted(*args, **kwargs):
         built.append(args[1])
         return read_window(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline.rows.feed, "read_window", counted)
+    monkeypatch.setattr(pipeline.rows.epoch_tables, "read_window", counted)
     return built
 
 
@@ -169,12 +173,14 @@ def test_a_bad_cache_budget_is_refused(tmp_path, ray_session):
         "cache_budget_mb must be >= 0 MiB (0 reads every epoch from the files) or None "
         "(a quarter of Ray's object store), got -1"
     )
+    # Task samples are held in memory: a cache budget is an option of row streams only.
     samples = task_samples(episodes, support=10, query=10)
-    with pytest.raises(ValueError) as refused:
-        split_for_learners(samples, 1, minibatch_size=1, cache_budget_mb=0)
+    with pytest.raises(TypeError) as refused:
+        RowStream(samples, cache_budget_mb=0)
     assert str(refused.value) == (
-        "task samples come with their columns, modules_to_update and gamma chosen by "
-        "task_samples(); pass those there, and no materialize= or cache_budget_mb="
+        "RowStream streams the rows of Episodes (read_episodes) or of a Ray DataIterator "
+        "(one learner's shard), got TaskSamples; pass task samples to split_for_learners "
+        "as they are (or in a TaskStream)"
     )
 
 

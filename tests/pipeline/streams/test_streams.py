@@ -21,6 +21,7 @@ import torch
 
 from pipeline.contract.schema import DatasetError
 from pipeline.reads.episodes import read_episodes
+from pipeline.rows.options import RowStream
 from pipeline.streams.learner_stream import LearnerStream, StreamStalledError, split_for_learners
 from tests.helpers.episode_files import episode_table, tensor, write, write_two_agents
 
@@ -44,9 +45,17 @@ def cached(episodes):
     return dataclasses.replace(episodes, dataset=episodes.dataset.materialize())
 
 
-def _streams(episodes, num_learners=1, **options) -> list[LearnerStream]:
-    options = {"minibatch_size": MINIBATCH, "superbatch_rows": SUPERBATCH, **options}
-    return split_for_learners(episodes, num_learners, **options)
+def _streams(
+    episodes, num_learners=1, *, minibatch_size=MINIBATCH, seed=0, stall_timeout_s=60.0, **rows
+) -> list[LearnerStream]:
+    """Streams of ``episodes``; ``rows`` are ``RowStream`` options."""
+    return split_for_learners(
+        RowStream(episodes, **{"superbatch_rows": SUPERBATCH, **rows}),
+        num_learners,
+        minibatch_size=minibatch_size,
+        seed=seed,
+        stall_timeout_s=stall_timeout_s,
+    )
 
 
 def _ids(batch) -> np.ndarray:
@@ -145,7 +154,7 @@ def test_reading_a_file_per_window_gives_the_same_batches(episodes, monkeypatch)
     [one_window] = _streams(episodes, seed=4, cache_budget_mb=0)
     with one_window:
         expected = _take_ids(one_window, 2 * PER_EPOCH)
-    monkeypatch.setattr("pipeline.rows.feed._WINDOW_BYTES", 1)
+    monkeypatch.setattr("pipeline.rows.epoch_tables._WINDOW_BYTES", 1)
     [windowed] = _streams(episodes, seed=4, cache_budget_mb=0)
     with windowed:
         got = _take_ids(windowed, 2 * PER_EPOCH)
@@ -157,7 +166,7 @@ def test_reading_a_file_per_window_gives_the_same_batches(episodes, monkeypatch)
 def test_a_resume_across_the_epoch_boundary_while_reading_ahead_is_exact(episodes, monkeypatch):
     """A file per window: when the state is saved, two minibatches before the end of epoch
     0, epoch 1's first window is already read ahead; state() counts taken batches only."""
-    monkeypatch.setattr("pipeline.rows.feed._WINDOW_BYTES", 1)
+    monkeypatch.setattr("pipeline.rows.epoch_tables._WINDOW_BYTES", 1)
     streams = _streams(episodes, 2, seed=6, cache_budget_mb=0)
     _lockstep(streams, PER_EPOCH // 2 - 2)
     saved = [stream.state() for stream in streams]
@@ -334,10 +343,33 @@ def test_bad_arguments_are_refused_before_anything_runs(cached):
         _streams(cached, columns=["reward"])
     with pytest.raises(ValueError, match=r"minibatch_size must be an int >= 1, got 0"):
         _streams(cached, minibatch_size=0)
-    with pytest.raises(ValueError, match=r"ranks= works for task samples only"):
+    with pytest.raises(ValueError, match=r"superbatch_rows must be an int >= 1, got 0"):
+        _streams(cached, superbatch_rows=0)
+    # Row streams of one split are dealt from one read: they have no ranks= to give.
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'ranks'"):
         _streams(cached, 2, ranks=[1])
+    with pytest.raises(TypeError) as refused:
+        RowStream(cached.dataset, columns=["obs"])
+    assert str(refused.value) == (
+        "RowStream streams the rows of Episodes (read_episodes) or of a Ray DataIterator "
+        "(one learner's shard), got MaterializedDataset; pass task samples to "
+        "split_for_learners as they are (or in a TaskStream)"
+    )
     with _streams(cached)[0] as stream, pytest.raises(ValueError, match=r"num_iters must be"):
         stream.take(-1)
+
+
+def test_the_pipeline_package_exports_the_stream_names():
+    import pipeline
+    import pipeline.tasks.options
+
+    assert pipeline.split_for_learners is split_for_learners
+    assert (pipeline.LearnerStream, pipeline.StreamStalledError) == (
+        LearnerStream,
+        StreamStalledError,
+    )
+    assert pipeline.RowStream is RowStream
+    assert pipeline.TaskStream is pipeline.tasks.options.TaskStream
 
 
 @pytest.mark.timeout(120)
@@ -347,7 +379,7 @@ def test_columns_renamed_on_disk_arrive_under_canonical_names(tmp_path, ray_sess
     write(tmp_path / "part-0.parquet", table)
     episodes = read_episodes(tmp_path, column_map={"obs": "observation"})
 
-    [stream] = split_for_learners(episodes, 1, minibatch_size=20, columns=["obs", "t"])
+    [stream] = split_for_learners(RowStream(episodes, columns=["obs", "t"]), 1, minibatch_size=20)
     with stream:
         batch = next(stream.take(1))["default_policy"]
 
@@ -390,9 +422,8 @@ def test_a_file_broken_after_validation_fails_every_learner(tmp_path, ray_sessio
 
 @pytest.mark.timeout(120)
 def test_a_ray_data_iterator_shard_is_a_source(episodes):
-    [stream] = split_for_learners(
-        episodes.dataset.iterator(), 1, minibatch_size=MINIBATCH, superbatch_rows=SUPERBATCH
-    )
+    shard = RowStream(episodes.dataset.iterator(), superbatch_rows=SUPERBATCH)
+    [stream] = split_for_learners(shard, 1, minibatch_size=MINIBATCH)
     with stream:
         batches = _take_ids(stream, 3)
     assert [len(ids) for ids in batches] == [MINIBATCH] * 3

@@ -13,7 +13,9 @@ import pytest
 
 from pipeline.contract.schema import DEFAULT_MODULE_ID, DatasetError
 from pipeline.reads.episodes import read_episodes
+from pipeline.rows.options import RowStream
 from pipeline.streams.learner_stream import split_for_learners
+from pipeline.tasks.options import TaskStream
 from pipeline.tasks.samples import task_samples
 from tests.helpers.episode_files import episode_table, write
 
@@ -102,7 +104,7 @@ def test_meta_batches_are_shaped_disjoint_and_cover_each_task_once(samples):
 def test_two_learners_with_half_the_tasks_see_what_one_learner_sees(samples):
     pair = split_for_learners(samples, 2, minibatch_size=2, seed=7)
     [single] = split_for_learners(samples, 1, minibatch_size=4, seed=7)
-    [late] = split_for_learners(samples, 2, minibatch_size=2, seed=7, ranks=[1])
+    [late] = split_for_learners(TaskStream(samples, ranks=[1]), 2, minibatch_size=2, seed=7)
     with pair[0], pair[1], single, late:
         steps = 6  # crosses into the second epoch
         halves = [list(stream.take(steps)) for stream in pair]
@@ -208,12 +210,22 @@ def test_task_sample_arguments_are_checked(episodes, samples):
         task_samples(episodes, support=0, query=Q)
     with pytest.raises(ValueError, match=r"columns \['task_id'\] group the rows"):
         task_samples(episodes, support=K, query=Q, columns=["obs", "task_id"])
-    with pytest.raises(
-        ValueError, match=r"task samples come with their columns, modules_to_update and gamma"
-    ):
-        split_for_learners(samples, 1, minibatch_size=2, columns=["obs"])
-    with pytest.raises(ValueError, match=r"ranks must be distinct learners in \[0, 2\)"):
-        split_for_learners(samples, 2, minibatch_size=2, ranks=[2])
+    # Task samples choose their columns in task_samples: a RowStream does not take them.
+    with pytest.raises(TypeError) as refused:
+        RowStream(samples, columns=["obs"])
+    assert str(refused.value) == (
+        "RowStream streams the rows of Episodes (read_episodes) or of a Ray DataIterator "
+        "(one learner's shard), got TaskSamples; pass task samples to split_for_learners "
+        "as they are (or in a TaskStream)"
+    )
+    with pytest.raises(TypeError) as refused:
+        TaskStream(episodes, ranks=[0])
+    assert str(refused.value) == (
+        "TaskStream streams the result of task_samples (TaskSamples or TaskWindows), got "
+        "Episodes; pass Episodes to split_for_learners as they are (or in a RowStream)"
+    )
+    with pytest.raises(ValueError, match=r"ranks must be distinct learners in \[0, 2\), got \[2\]"):
+        split_for_learners(TaskStream(samples, ranks=[2]), 2, minibatch_size=2)
 
 
 def test_one_sample_per_task_is_disjoint_in_task_order_and_seeded(samples):

@@ -18,8 +18,9 @@ from flows.stages.train import train
 from pipeline.contract.schema import DEFAULT_MODULE_ID, DatasetError
 from pipeline.reads.episodes import inspect_episodes, read_episodes
 from pipeline.streams.learner_stream import split_for_learners
-from pipeline.tasks.feed import WindowTaskSource
-from pipeline.tasks.samples import TaskSamples, task_samples
+from pipeline.tasks.feed import TaskWindowFeed
+from pipeline.tasks.grouping import TaskSamples
+from pipeline.tasks.samples import task_samples
 from pipeline.tasks.windows import TaskWindows
 from tests.helpers.episode_files import episode_table
 from tests.helpers.flow_runs import tiny_config, tiny_point_robot
@@ -266,14 +267,14 @@ def test_a_windowed_stream_resumes_exactly(windows, first):
 
 
 def test_a_resume_reads_only_the_window_before_the_resume_point_and_its_own(windows):
-    source = WindowTaskSource(
+    feed = TaskWindowFeed(
         windows, tasks_per_batch=4, seed=2, ranks=[0], num_learners=1, pin_memory=False
     )
-    deals = source.deals(epoch=0, skip=13)
+    deals = feed.deals(epoch=0, skip=13)
     first = next(deals)
     deals.close()
 
-    assert source.stats()["windows_read"] == 2 and len(first.batches[0]) > 0
+    assert feed.stats()["windows_read"] == 2 and len(first.batches[0]) > 0
 
 
 @pytest.mark.timeout(120)

@@ -190,12 +190,13 @@ def test_a_source_that_does_not_validate_is_refused_and_nothing_written(tmp_path
 
 
 def test_a_failure_while_writing_leaves_nothing_behind(tmp_path):
-    """A data page broken behind a valid footer passes validation (footers, id columns and
-    bytes) and fails the rewrite half-way."""
-    path = write(tmp_path / "src" / "a.parquet", episode_table(6))
+    """A data page broken behind a valid footer, in a column outside the contract, passes
+    validation (footers, id and value columns, bytes) and fails the rewrite half-way."""
+    info = pa.array(np.arange(6, dtype=np.float64))
+    path = write(tmp_path / "src" / "a.parquet", episode_table(6, info=info))
     metadata = pq.ParquetFile(path).metadata
     names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
-    chunk = metadata.row_group(0).column(names.index("rewards"))
+    chunk = metadata.row_group(0).column(names.index("info"))
     start = chunk.dictionary_page_offset or chunk.data_page_offset
     broken = bytearray(path.read_bytes())
     broken[start : start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from pipeline.contract.dataset_json import DatasetMetadata, GeneratorInfo, Space
 from pipeline.contract.schema import DatasetError
-from pipeline.importers.minari_episodes import RawEpisode, canonical_episodes, check_columns
+from pipeline.importers.minari.episodes import RawEpisode, canonical_episodes, check_columns
 from pipeline.importers.output import ImportSummary, SourceFacts, check_output, import_summary
 from pipeline.importers.recording_files import SourceFingerprint, natural_key
 from pipeline.importers.remote_recording import is_remote, local_copy

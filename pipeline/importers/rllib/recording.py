@@ -37,9 +37,9 @@ from pipeline.importers.columns import row_hashes
 from pipeline.importers.output import ImportSummary, SourceFacts, check_output, import_summary
 from pipeline.importers.recording_files import SourceFingerprint, walk
 from pipeline.importers.remote_recording import is_remote, local_copy
-from pipeline.importers.rllib_repeats import ORIGIN, SORT_KEYS, RepeatedSteps
-from pipeline.importers.rllib_rows import canonical_rows
-from pipeline.importers.rllib_steps import StepNumbering
+from pipeline.importers.rllib.repeats import ORIGIN, SORT_KEYS, RepeatedSteps
+from pipeline.importers.rllib.rows import canonical_rows
+from pipeline.importers.rllib.steps import StepNumbering
 from pipeline.writes.external_sort import sort_tables
 from pipeline.writes.writer import DatasetWriter, Progress
 

@@ -1,0 +1,292 @@
+"""Check the numbers: no NaN or inf in the float columns, discrete actions inside the
+declared ``action_space``; float actions outside a declared box are counted, not refused.
+
+A NaN reward silently poisons every return and every weight computed from it, and an
+action index ``>= n`` fails deep inside a loss, so both are refused here, naming the file,
+the column, how many rows and the first one. Recorders often store a continuous action
+before the environment clips it, so a box's ``low``/``high`` only draws a warning.
+
+Footer statistics decide only where they are conclusive. pyarrow (checked with 26.0) leaves
+NaN out of a float column's min/max and counts no NaN (a row group of NaN only has no
+min/max), so statistics never clear a float column: those are scanned. An int64
+``actions`` row group whose min and max lie in ``[0, n)`` is cleared without reading it.
+
+The scan reads file by file, row group by row group, only the value columns, and checks the
+flat float32 storage of each tensor column with numpy: memory stays at one row group's value
+columns. ``check_values`` (``CheckValues``): ``full`` checks every row group; ``sample`` one
+row group in ``SAMPLE_EVERY``, counted across the dataset in file order from the first;
+``off`` none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.contract.dataset_json import Space
+from pipeline.contract.footer_checks import FileFacts, column_label
+from pipeline.contract.schema import CheckValues, DatasetError, EpisodeSchema
+from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource
+
+SAMPLE_EVERY = 16
+_VALUE_COLUMNS = ("obs", "new_obs", "actions", "rewards")
+
+
+@dataclass(frozen=True)
+class ValueFacts:
+    """What the value checks covered and found, for a dataset that passed them."""
+
+    check_values: CheckValues
+    rows: int
+    """Rows whose values were checked: scanned, or cleared by footer statistics."""
+    actions_outside_box: int = 0
+    """Rows whose float action has a component outside ``action_space``'s low/high."""
+    warning: str | None = None
+    """One line about those rows; ``None`` when there are none."""
+
+
+@dataclass(frozen=True)
+class _Rules:
+    floats: tuple[str, ...]
+    """Canonical float columns (float actions among them) that must be finite."""
+    discrete_n: int | None
+    """``action_space.n`` of discrete actions, when declared."""
+    low: float | None
+    high: float | None
+    """Bounds of a declared box action space (either may be absent)."""
+    space_file: str
+    """The ``dataset.json`` that declares the action space, for messages."""
+
+
+@dataclass
+class _Found:
+    """Offending rows of one column in one file."""
+
+    rows: int = 0
+    group: int = -1
+    """Row group of the first one, and its position there."""
+    position: int = -1
+    value: object = None
+    """The first offending value, for discrete actions."""
+
+    def add(self, mask: np.ndarray, group: int, values: np.ndarray | None = None) -> None:
+        count = int(np.count_nonzero(mask))
+        if count and self.group < 0:
+            self.group, self.position = group, int(np.argmax(mask))
+            self.value = None if values is None else values[self.position].item()
+        self.rows += count
+
+
+def check_value_columns(
+    resolved: ResolvedSource,
+    facts: Sequence[FileFacts],
+    schema: EpisodeSchema,
+    action_space: Space | None,
+    check: CheckValues = "full",
+) -> ValueFacts:
+    """Refuse non-finite floats and out-of-range discrete actions (see module doc).
+
+    Raises ``DatasetError`` naming the file, the column, the number of offending rows and
+    the first one (``eps_id``, ``t``).
+    """
+    if check == "off":
+        return ValueFacts("off", 0)
+    rules = _rules(schema, action_space, f"{resolved.root.rstrip('/')}/{METADATA_FILE}")
+    checked, outside, first_outside = 0, 0, ""
+    before = 0
+    total = sum(fact.num_rows for fact in facts)
+    for fact in facts:
+        groups = [
+            g for g in range(fact.row_groups) if check == "full" or (before + g) % SAMPLE_EVERY == 0
+        ]
+        before += fact.row_groups
+        if not groups:
+            continue
+        scan = _check_file(resolved, fact, groups, schema, rules, check)
+        checked += scan.rows
+        if scan.outside and not first_outside:
+            first_outside = scan.first_outside
+        outside += scan.outside
+    warning = None
+    if outside:
+        low = "-inf" if rules.low is None else rules.low
+        high = "inf" if rules.high is None else rules.high
+        warning = (
+            f"column {column_label('actions', schema.column_map)} has components outside "
+            f"action_space's bounds [{low}, {high}] ({rules.space_file}) in {outside} of "
+            f"{_of_rows(checked, total, check)}, first in {first_outside}; kept as recorded "
+            "(recorders often store actions before the environment clips them)"
+        )
+    return ValueFacts(check, checked, outside, warning)
+
+
+def _rules(schema: EpisodeSchema, action_space: Space | None, space_file: str) -> _Rules:
+    floats = [c for c in _VALUE_COLUMNS if c != "new_obs" or schema.has_new_obs]
+    discrete_n = low = high = None
+    if schema.discrete_actions:
+        floats.remove("actions")
+        discrete_n = None if action_space is None else action_space.n
+    elif action_space is not None:
+        low, high = action_space.low, action_space.high
+    return _Rules(tuple(floats), discrete_n, low, high, space_file)
+
+
+@dataclass(frozen=True)
+class _FileScan:
+    rows: int
+    """Rows of the row groups checked."""
+    outside: int
+    first_outside: str
+    """``PATH at eps_id ... t ...`` of the first row outside the box; ``""`` without one."""
+
+
+def _check_file(
+    resolved: ResolvedSource,
+    fact: FileFacts,
+    groups: list[int],
+    schema: EpisodeSchema,
+    rules: _Rules,
+    check: CheckValues,
+) -> _FileScan:
+    try:
+        with resolved.filesystem.open_input_file(fact.path) as handle:
+            footer = pq.ParquetFile(handle)
+            found, outside = _scan(footer, groups, schema, rules)
+            rows = sum(footer.metadata.row_group(g).num_rows for g in groups)
+            for column in _VALUE_COLUMNS:
+                if found[column].rows:
+                    _refuse(footer, fact, column, found[column], rows, schema, rules, check)
+            first_outside = ""
+            if outside.rows:
+                first_outside = f"{fact.path} at {_row(footer, outside, schema)}"
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(
+            f"{fact.path}: columns {', '.join(_value_columns(rules))} cannot be read "
+            f"({' '.join(str(exc).split())}); expected readable Parquet data behind a valid "
+            "footer (is the file corrupted?)"
+        ) from None
+    return _FileScan(rows, outside.rows, first_outside)
+
+
+def _scan(
+    footer: pq.ParquetFile, groups: list[int], schema: EpisodeSchema, rules: _Rules
+) -> tuple[dict[str, _Found], _Found]:
+    """Offending rows per column, and rows outside the box, in ``groups`` of one file."""
+    found = {column: _Found() for column in _VALUE_COLUMNS}
+    outside = _Found()
+    bounded = rules.low is not None or rules.high is not None
+    actions_leaf = -1
+    if rules.discrete_n is not None:
+        actions_leaf = _leaf(footer, schema.column_map.get("actions", "actions"))
+    for group in groups:
+        columns = list(rules.floats)
+        if rules.discrete_n is not None:
+            statistics = footer.metadata.row_group(group).column(actions_leaf).statistics
+            if not _cleared(statistics, rules.discrete_n):
+                columns.append("actions")
+        on_disk = [schema.column_map.get(c, c) for c in columns]
+        table = footer.read_row_group(group, columns=on_disk)
+        for column, values in zip(columns, table.columns, strict=True):
+            flat, width = _flat(values)
+            if column == "actions" and rules.discrete_n is not None:
+                found[column].add((flat < 0) | (flat >= rules.discrete_n), group, flat)
+                continue
+            found[column].add(_non_finite_rows(flat, width), group)
+            if column == "actions" and bounded:
+                outside.add(_outside_rows(flat, width, rules), group)
+    return found, outside
+
+
+def _value_columns(rules: _Rules) -> list[str]:
+    discrete = ("actions",) if rules.discrete_n is not None else ()
+    return [c for c in _VALUE_COLUMNS if c in rules.floats or c in discrete]
+
+
+def _leaf(footer: pq.ParquetFile, name: str) -> int:
+    """Index of the Parquet leaf column of a primitive top-level column."""
+    schema = footer.metadata.schema
+    return next(i for i in range(len(schema)) if schema.column(i).path == name)
+
+
+def _cleared(stats: pq.Statistics | None, n: int) -> bool:
+    """Whether an int64 column chunk's statistics prove every value lies in ``[0, n)``."""
+    if stats is None or not stats.has_min_max:
+        return False
+    return stats.min >= 0 and stats.max < n
+
+
+def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
+    """A number or tensor column as one flat numpy array, and its values per row."""
+    parts, width = [], 1
+    for chunk in column.chunks:
+        if isinstance(chunk, pa.ExtensionArray):
+            chunk = chunk.storage
+        if pa.types.is_fixed_size_list(chunk.type):
+            width = chunk.type.list_size
+            chunk = chunk.values.slice(chunk.offset * width, len(chunk) * width)
+        parts.append(chunk.to_numpy())
+    flat = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return flat, width
+
+
+def _non_finite_rows(flat: np.ndarray, width: int) -> np.ndarray:
+    finite = np.isfinite(flat)
+    if finite.all():
+        return np.zeros(0, bool)
+    return ~finite.reshape(-1, width).all(axis=1)
+
+
+def _outside_rows(flat: np.ndarray, width: int, rules: _Rules) -> np.ndarray:
+    """Rows with a component below ``low`` or above ``high`` (NaN compares as inside)."""
+    outside = np.zeros(len(flat), bool)
+    if rules.low is not None:
+        outside |= flat < rules.low
+    if rules.high is not None:
+        outside |= flat > rules.high
+    return outside.reshape(-1, width).any(axis=1)
+
+
+def _refuse(
+    footer: pq.ParquetFile,
+    fact: FileFacts,
+    column: str,
+    found: _Found,
+    rows: int,
+    schema: EpisodeSchema,
+    rules: _Rules,
+    check: CheckValues,
+) -> None:
+    label = column_label(column, schema.column_map)
+    of = _of_rows(rows, fact.num_rows, check)
+    first = _row(footer, found, schema)
+    if column == "actions" and rules.discrete_n is not None:
+        n = rules.discrete_n
+        raise DatasetError(
+            f"{fact.path}: column {label} has actions outside [0, {n}) in {found.rows} of "
+            f"{of}, first at {first} (action {found.value}); expected 0 <= action < {n} as "
+            f"the discrete action_space (n: {n}) in {rules.space_file} declares. Fix: correct "
+            "the actions or action_space.n"
+        )
+    raise DatasetError(
+        f"{fact.path}: column {label} has non-finite values (NaN or inf) in {found.rows} of "
+        f"{of}, first at {first}; expected finite numbers in every row. Fix: drop the "
+        "episodes holding them or repair the values where they were recorded"
+    )
+
+
+def _row(footer: pq.ParquetFile, found: _Found, schema: EpisodeSchema) -> str:
+    """``eps_id 'e1' t 3`` (after ``module_id 'm0'`` when the dataset has that column)."""
+    names = ["eps_id", "t"] + (["module_id"] if schema.has_module_id else [])
+    on_disk = [schema.column_map.get(c, c) for c in names]
+    ids = footer.read_row_group(found.group, columns=on_disk).slice(found.position, 1)
+    eps_id, t, *module = (ids.column(name)[0].as_py() for name in on_disk)
+    where = f"eps_id {eps_id!r} t {t}"
+    return f"module_id {module[0]!r} {where}" if module else where
+
+
+def _of_rows(checked: int, total: int, check: CheckValues) -> str:
+    return f"{checked} rows" if check == "full" else f"the {checked} rows sampled of {total}"
