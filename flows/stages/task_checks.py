@@ -133,7 +133,8 @@ def _check_windows(cfg: MetaTrainConfig, train: DatasetInfo) -> None:
     a window of ``tasks.memory_budget_mb``."""
     from pipeline.reads.returns import split_derived
     from pipeline.streams.selection import resolve_columns
-    from pipeline.tasks.samples import task_samples, with_inputs
+    from pipeline.tasks.grouping import with_inputs
+    from pipeline.tasks.samples import task_samples
     from pipeline.tasks.windows import estimated_bytes
 
     tasks = cfg.tasks
