@@ -118,13 +118,19 @@ def publish_result(
     datasets: Datasets,
     run_id: str,
 ) -> ArtifactRef:
-    """``flows.stages.publishing.publish`` (idempotent per run), then the Prefect artifacts."""
+    """``flows.stages.publishing.publish`` (idempotent per run), then the Prefect artifacts.
+
+    The lineage names the flow run that was triggered (``meta-train-from-file`` for a
+    deployment) and, when ``meta-train`` ran as its subflow, that one too."""
+    this_run = flow_run.get_id()
+    triggered = flow_run.root_flow_run_id if this_run is not None else None
     ref = publish(
         cfg,
         trained,
         report,
         datasets,
-        flow_run_id=flow_run.get_id(),
+        flow_run_id=triggered,
+        subflow_run_id=this_run if this_run != triggered else None,
         code_version=code_version(),
         run_id=run_id,
     )

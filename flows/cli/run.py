@@ -5,7 +5,11 @@ validated before Prefect, Ray or torch is imported, so a typo costs a second, no
 start-up. ``run`` also checks both datasets against each other and the config
 (``flows.stages.datasets.inspect_datasets``, the checks of ``offmeta data validate``)
 before it starts Ray or Prefect. Without ``PREFECT_API_URL`` Prefect starts a temporary
-local server for the run; with it, runs are recorded on that server.
+local server for the run; with it, runs are recorded on that server, which must answer
+(``flows.runs.prefect_api``) before anything starts.
+
+A run that fails on a permanent error (``flows.runs.retry_policy``) ends with one line, not
+Prefect's tracebacks (``flows.runs.console``; ``OFFMETA_VERBOSE=1`` shows them).
 
 ``offmeta run --resume [RUN_DIR]`` continues an unfinished run (``flows.runs.run_dirs``); the run
 directory is found and checked before anything starts.
@@ -19,6 +23,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from flows.config import ConfigError, MetaTrainConfig, load_config
+from flows.runs.console import permanent_failures_in_one_line
+from flows.runs.prefect_api import PrefectApiError, check_api_answers, prefect_api_url
 from flows.runs.run_dirs import RunDirError, check_resumable, find_resumable, read_run
 from flows.runs.runtime import set_quiet_environment
 
@@ -93,11 +99,14 @@ def _run(args: argparse.Namespace) -> int:
     if not _data_fits(cfg):
         return 1
     set_quiet_environment()
+    if not _api_answers("run", prefect_api_url()):
+        return 1
     from flows.meta_train import meta_train
 
     try:
-        summary = meta_train(cfg, resume=resume)
-    except Exception as error:  # the flow has logged the traceback; say it in one line
+        with permanent_failures_in_one_line():
+            summary = meta_train(cfg, resume=resume)
+    except Exception as error:  # a permanent one is this line alone; others follow Prefect's log
         print(f"offmeta run: failed: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     if resume is not None:
@@ -122,7 +131,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"offmeta serve: {error}", file=sys.stderr)
         return 2
-    if schedule is not None and not _prefect_api_url():
+    url = prefect_api_url()
+    if schedule is not None and not url:
         # Without a server Prefect serves from a temporary one, which runs no scheduler:
         # the process would wait for a run that is never created.
         print(
@@ -132,6 +142,8 @@ def _serve(args: argparse.Namespace) -> int:
             "(e.g. http://127.0.0.1:4200/api)",
             file=sys.stderr,
         )
+        return 1
+    if not _api_answers("serve", url):
         return 1
     from prefect.deployments.runner import EntrypointType
 
@@ -199,11 +211,17 @@ def _schedule(cron: str | None, timezone: str) -> CronSchedule | None:
         raise ValueError(f"--cron {cron!r} --timezone {timezone!r}: {reasons}") from None
 
 
-def _prefect_api_url() -> str | None:
-    """The API URL Prefect would use (environment or profile); None: a temporary server."""
-    from prefect.settings import get_current_settings
-
-    return get_current_settings().api.url
+def _api_answers(command: str, url: str | None) -> bool:
+    """Whether the Prefect server at ``url`` answers (True without one: Prefect starts a
+    temporary server); False after saying so in one line."""
+    if url is None:
+        return True
+    try:
+        check_api_answers(url)
+    except PrefectApiError as error:
+        print(f"offmeta {command}: {error}", file=sys.stderr)
+        return False
+    return True
 
 
 def _interrupt(signum: int, frame: object) -> None:

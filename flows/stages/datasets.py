@@ -2,7 +2,9 @@
 config or each other.
 
 ``inspect_datasets`` runs every check without Ray (``offmeta run`` calls it before starting
-Ray or Prefect); ``validate_datasets`` runs the same checks on the Ray reads the run uses."""
+Ray or Prefect); ``validate_datasets`` runs the same checks on the Ray reads the run uses.
+Beyond the layout and the modules, the checks include what task sampling and evaluation
+would refuse later (``flows.stages.task_checks``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.config import MetaTrainConfig
+from flows.stages.task_checks import check_task_sampling
 from pipeline.contract.schema import DatasetError
 from pipeline.reads.episodes import DatasetInfo, Episodes, inspect_episodes, read_episodes
 
@@ -31,9 +34,10 @@ def validate_datasets(cfg: MetaTrainConfig) -> Datasets:
     """Read and check ``cfg.data.train`` and ``cfg.data.heldout``.
 
     Beyond ``read_episodes``'s own checks: both datasets have the same observation and
-    action layout, and every module the learner trains is in both, with the sizes its
-    ``learners.modules`` entry declares. Raises ``DatasetError`` naming the dataset, the
-    config field, what was found and what was expected.
+    action layout, every module the learner trains is in both, with the sizes its
+    ``learners.modules`` entry declares, and their tasks fit ``cfg.tasks`` and
+    ``cfg.evaluation`` (``flows.stages.task_checks``). Raises ``DatasetError`` naming the
+    dataset, the config field, what was found and what was expected.
     """
     column_map = cfg.data.column_map or None
     partial = cfg.data.allow_partial_episodes
@@ -61,6 +65,7 @@ def _check_fit(cfg: MetaTrainConfig, train: DatasetInfo, heldout: DatasetInfo) -
     _check_same_layout(train, heldout)
     for split, episodes in (("train", train), ("heldout", heldout)):
         _check_modules(cfg, split, episodes)
+    check_task_sampling(cfg, train, heldout)
 
 
 def _check_same_layout(train: DatasetInfo, heldout: DatasetInfo) -> None:

@@ -26,6 +26,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from flows.config import EvaluationConfig, MetaTrainConfig
+from flows.stages.task_checks import environment_name
 from flows.stages.trajectories import TRAJECTORIES
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import task_slice
@@ -165,7 +166,7 @@ def evaluate(
     meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
     meta_batch = finalize(meta_batch, learner.device)
     per_task = learner.evaluate_tasks(meta_batch, steps=settings.steps)
-    environment = _environment_name(heldout.metadata)
+    environment = environment_name(heldout.metadata)
     rollouts = _ENVIRONMENTS.get(environment) if settings.rollout_episodes > 0 else None
     returns = trajectories = None
     if rollouts is not None:
@@ -258,16 +259,9 @@ def _point_robot_returns(
 
 
 _ENVIRONMENTS: dict[str, Rollouts] = {"point_robot": _point_robot_returns}
+"""Generator name (``dataset.json`` ``generator.name``) -> its evaluation rollouts."""
 
 
 def _behavior_return(rewards: np.ndarray, episodes: int) -> float:
     """Mean undiscounted episode return of the data: every reward counted once."""
     return float(np.asarray(rewards, dtype=np.float64).sum() / episodes)
-
-
-"""Generator name (``dataset.json`` ``generator.name``) -> its evaluation rollouts."""
-
-
-def _environment_name(metadata: Mapping[str, Any]) -> str | None:
-    generator = metadata.get("generator") or {}
-    return generator.get("name") or metadata.get("id")

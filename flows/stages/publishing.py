@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from flows.config import MetaTrainConfig
@@ -38,10 +39,16 @@ def publish(
     flow_run_id: str | None,
     code_version: str | None,
     run_id: str | None = None,
+    subflow_run_id: str | None = None,
 ) -> ArtifactRef:
     """Publish the trained parameters with metrics, config, lineage, learning curve and the
     evaluation's pictures (``flows.stages.pictures``; a warm-started run's adaptation curve shows
     its parent's beside its own).
+
+    ``flow_run_id`` is the flow run that was triggered, ``subflow_run_id`` the training flow's
+    own run when that ran as its subflow. The lineage's ``extras["checkpoint"]`` is the final
+    checkpoint as an absolute ``file://`` URI (a relative ``training.checkpoint_dir`` is
+    relative to the run's working directory, which a reader of the manifest does not know).
 
     Publishing again for the same ``run_id`` (the run directory's name: a retried task, a
     resumed run), or without one for the same ``flow_run_id``, returns the version the
@@ -57,6 +64,7 @@ def publish(
         dataset_fingerprint=datasets.train.fingerprint,
         parent=trained.parent,
         flow_run_id=flow_run_id,
+        subflow_run_id=subflow_run_id,
         code_version=code_version,
         weights_seq_no=trained.weights_seq_no,
         extras={
@@ -66,7 +74,7 @@ def publish(
             "resumed_from_iteration": trained.resumed_from,
             "restarts": trained.restarts,
             "num_learners": trained.num_learners,
-            "checkpoint": str(trained.checkpoint),
+            "checkpoint": Path(trained.checkpoint).absolute().as_uri(),
         },
     )
     files = [

@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
@@ -24,11 +26,11 @@ from prefect.client.schemas.filters import (
 )
 
 from flows.cli import main
-from flows.meta_train import meta_train
+from flows.meta_train import meta_train, meta_train_from_file
 from flows.runs.run_dirs import read_run
 from flows.stages.publishing import prefect_artifact_keys
 from learners.meta.learner import MetaLearner
-from pipeline.artifacts import ArtifactStore, Manifest
+from pipeline.artifacts import ArtifactStore, Lineage, Manifest
 from pipeline.reads.episodes import inspect_episodes
 from tests.helpers.flow_runs import tiny_config, tiny_document, tiny_point_robot, write_config
 from tests.helpers.paths import REPO
@@ -125,8 +127,30 @@ def test_the_published_version_records_its_lineage(first_run: FirstRun) -> None:
         flow_run = client.read_flow_run(UUID(lineage.flow_run_id))
     assert flow_run.state.is_completed()
     run_dir = first_run.work / "runs" / lineage.flow_run_id
-    assert lineage.extras["checkpoint"] == str(run_dir / "checkpoints" / "ckpt-00000012")
+    assert lineage.subflow_run_id is None  # offmeta run triggers meta-train itself
+    assert lineage.extras["checkpoint"] == (run_dir / "checkpoints" / "ckpt-00000012").as_uri()
     assert read_run(run_dir).finished["artifact"] == "tiny-robot:1"
+
+
+def test_a_deployment_run_records_the_triggered_flow_run_and_an_absolute_checkpoint(
+    first_run: FirstRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a prefect.yaml deployment runs: meta-train-from-file, with meta-train as its
+    # subflow, in a working directory the relative paths of the config are relative to.
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path / "nightly.yaml", tiny_document(first_run.data, tmp_path))
+    state = meta_train_from_file(
+        "nightly.yaml", ["training.checkpoint_dir=runs"], return_state=True
+    )
+    summary = state.result()
+    triggered = str(state.state_details.flow_run_id)
+    assert triggered != summary.flow_run_id
+    lineage = ArtifactStore(tmp_path / "artifacts").get(summary.artifact).lineage
+    assert (lineage.flow_run_id, lineage.subflow_run_id) == (triggered, summary.flow_run_id)
+    run_dir = tmp_path / "runs" / summary.flow_run_id
+    assert lineage.extras["checkpoint"] == (run_dir / "checkpoints" / "ckpt-00000012").as_uri()
+    # Manifests published before the subflow field existed still read.
+    assert Lineage.model_validate({"flow_run_id": triggered}).subflow_run_id is None
 
 
 def test_prefect_shows_the_version_as_link_table_markdown_and_progress(
@@ -222,3 +246,41 @@ def test_warm_start_continues_from_latest_and_records_the_parent(first_run: Firs
     assert adaptation["curves"][0]["mean"] == list(summary.evaluation.query_loss.values())
     assert adaptation["curves"][1]["mean"] == list(parent["query_loss"].values())
     assert adaptation["curves"][1]["per_task"] == parent["query_loss_per_task"]
+
+
+def test_a_permanent_error_in_the_flow_ends_the_run_in_one_line(
+    first_run: FirstRun, tmp_path: Path
+) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    # Decided only once training starts: the published version has other layer sizes.
+    wider = [
+        f"artifacts.root={first_run.work / 'artifacts'}",
+        "training.warm_start=true",
+        "learners.modules.default_policy.model.hidden_sizes=[16]",
+    ]
+    config = write_config(tmp_path / "wider.yaml", tiny_document(first_run.data, tmp_path, wider))
+    latest = first_run.store.get("tiny-robot@latest").spec
+    refusal = (
+        f"warm start from {latest}: parameter default_policy/layers.0.weight is shape "
+        "[8, 2], expected shape [16, 2]; the model in learners.modules.default_policy differs "
+        "from the published one (set training.warm_start to false, or publish under another "
+        "artifacts.name)"
+    )
+    last_line = f"offmeta run: failed: ValueError: {refusal}\n"
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    env.pop("OFFMETA_VERBOSE", None)
+    command = [str(Path(sys.executable).with_name("offmeta")), "run", "--config", str(config)]
+    quiet = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 1
+    assert "Traceback" not in quiet.stderr
+    assert [line for line in quiet.stderr.splitlines() if "warm start from" in line] == [
+        last_line.rstrip()
+    ]
+
+    verbose = subprocess.run(
+        command, env={**env, "OFFMETA_VERBOSE": "1"}, capture_output=True, text=True, timeout=300
+    )
+    assert verbose.returncode == 1
+    assert "Traceback (most recent call last)" in verbose.stderr
+    assert verbose.stderr.endswith(last_line)

@@ -75,7 +75,11 @@ class Lineage(_Record):
     """The version this one was warm-started from; publish stores any reference to it
     (``ArtifactRef``, ``"name@latest"``) as the concrete ``"name:17"``."""
     flow_run_id: str | None = None
-    """Prefect flow run that produced the version."""
+    """Prefect flow run that produced the version: the run the user (or a schedule)
+    triggered, which is the top-level one when the training flow ran as a subflow."""
+    subflow_run_id: str | None = None
+    """The flow run that trained and published, when it is a subflow of ``flow_run_id``
+    (a deployment's ``meta-train-from-file`` run calls ``meta-train``); None otherwise."""
     code_version: str | None = None
     """Version of the code that trained it (package version, git commit)."""
     weights_seq_no: int | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -120,6 +121,34 @@ def test_run_refuses_a_heldout_set_of_another_width_before_starting_ray_or_prefe
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("setting", "refusal"),
+    [
+        (
+            "tasks.support=3000",
+            "every one of its 200 tasks has fewer than tasks.support + tasks.query = 3000 + 10 "
+            "= 3010 transitions (largest: 100); lower tasks.support or tasks.query",
+        ),
+        (
+            "tasks.meta_batch=1001",
+            "its tasks give 1000 samples of tasks.support + tasks.query = 20 transitions per "
+            "epoch, fewer than one meta-batch of tasks.meta_batch = 1001 samples; lower "
+            "tasks.meta_batch, tasks.support or tasks.query, or add tasks",
+        ),
+    ],
+    ids=["support", "meta_batch"],
+)
+def test_run_refuses_tasks_the_train_stage_cannot_sample_before_starting_ray_or_prefect(
+    tmp_path: Path, setting: str, refusal: str
+) -> None:
+    done = _offmeta_probe(_sample_run_args(tmp_path, setting), cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (1, "[]\n")
+    train = SAMPLES / "point_robot" / "train"
+    assert done.stderr == f"offmeta run: train dataset {train}: {refusal}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.timeout(120)
 def test_serve_refuses_a_cron_schedule_without_a_prefect_server(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
@@ -135,6 +164,35 @@ def test_serve_refuses_a_cron_schedule_without_a_prefect_server(tmp_path: Path) 
         "never fire; start one (prefect server start) and set PREFECT_API_URL "
         "(e.g. http://127.0.0.1:4200/api)\n"
     )
+
+
+def _nothing_listening() -> str:
+    """A loopback API URL with no server behind it (a port just bound and released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/api"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_run_and_serve_refuse_a_prefect_api_url_where_nothing_listens(
+    tmp_path: Path, command: str
+) -> None:
+    url = _nothing_listening()
+    env = {**os.environ, "PREFECT_API_URL": url}
+    args = _sample_run_args(tmp_path)
+    args[0] = command
+    started = time.monotonic()
+    done = _offmeta_probe(args, cwd=tmp_path, env=env)
+    assert time.monotonic() - started < 60  # the probe itself waits 3 s at most
+    assert (done.returncode, done.stdout) == (1, "[]\n")
+    assert done.stderr == (
+        f"offmeta {command}: no Prefect server answers at PREFECT_API_URL={url} ({url}/health: "
+        "Connection refused); start one there (prefect server start), or unset "
+        "PREFECT_API_URL to run on a temporary server\n"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_serve_refuses_an_invalid_cron(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,176 @@
+"""What task sampling and evaluation would refuse, decided before anything trains.
+
+The train stage cuts every task of the train dataset into samples of ``tasks.support +
+tasks.query`` transitions and deals ``tasks.meta_batch`` of them per meta-step to each
+learner; evaluation draws one such sample from each held-out task, of one module, and for
+an environment with rollouts (point_robot) needs every task's parameters from
+``dataset.json``; ``tasks.mode: stream`` needs the data sorted by task and every task
+within a window of ``tasks.memory_budget_mb``. Each of these is decided here from the
+footers, the id columns and ``dataset.json``, without Ray, so ``offmeta run`` refuses a
+mistake in a few seconds, in the config's own words, instead of after Ray and Prefect
+start (or after training, for the held-out checks).
+
+``check_task_sampling`` runs them all (``flows.stages.datasets`` calls it with its other
+checks); the stages keep their own checks for callers that skip this one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flows.config import MetaTrainConfig
+from pipeline.contract.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
+from pipeline.io.arrow_columns import decoded
+from pipeline.reads.episodes import DatasetInfo
+
+ROLLOUT_ENVIRONMENTS = frozenset({"point_robot"})
+"""Environments whose held-out tasks evaluation rolls out (``flows.stages.evaluation``,
+``flows.stages.trajectories.TRAJECTORIES``)."""
+_LISTED = 5
+_SIZE = "tasks.support + tasks.query"
+
+
+def check_task_sampling(cfg: MetaTrainConfig, train: DatasetInfo, heldout: DatasetInfo) -> None:
+    """Refuse, with ``DatasetError`` naming the dataset and the config keys, what the train
+    and evaluation stages would refuse of ``train`` and ``heldout`` under ``cfg``."""
+    modules = cfg.learners.data_modules
+    sizes = _group_sizes(train, modules)
+    _check_sizes(cfg, f"train dataset {train.root}", sizes)
+    _check_meta_batch(cfg, f"train dataset {train.root}", sizes)
+    _check_windows(cfg, train)
+    _check_sizes(cfg, f"held-out dataset {heldout.root}", _group_sizes(heldout, modules))
+    _check_evaluation(cfg, heldout)
+
+
+def environment_name(metadata: Mapping[str, Any]) -> str | None:
+    """The environment a dataset was generated in, from its ``dataset.json``."""
+    generator = metadata.get("generator") or {}
+    return generator.get("name") or metadata.get("id")
+
+
+def _group_sizes(info: DatasetInfo, modules: list[str]) -> dict[tuple[str, str], int]:
+    """``(module, task)`` -> transitions, for the modules the learner reads; only the id
+    columns are read, file by file."""
+    schema = info.schema
+    ids = {
+        canonical: schema.column_map.get(canonical, canonical)
+        for canonical in ("module_id", "task_id")
+        if getattr(schema, f"has_{canonical}")
+    }
+    if not ids:
+        return {(DEFAULT_MODULE_ID, DEFAULT_TASK_ID): info.num_rows}
+    sizes: Counter[tuple[str, str]] = Counter()
+    for path in info.files:
+        table = pq.read_table(path, columns=list(ids.values()), filesystem=info.filesystem)
+        columns = {name: decoded(table.column(ids[name])) for name in ids}
+        counted = pa.table(columns).group_by(list(ids)).aggregate([([], "count_all")])
+        module = counted.column("module_id").to_pylist() if "module_id" in ids else None
+        task = counted.column("task_id").to_pylist() if "task_id" in ids else None
+        for row, count in enumerate(counted.column("count_all").to_pylist()):
+            key = (
+                module[row] if module is not None else DEFAULT_MODULE_ID,
+                task[row] if task is not None else DEFAULT_TASK_ID,
+            )
+            sizes[key] += count
+    return {key: count for key, count in sorted(sizes.items()) if key[0] in modules}
+
+
+def _check_sizes(cfg: MetaTrainConfig, where: str, sizes: dict[tuple[str, str], int]) -> None:
+    if not sizes:
+        return  # no rows of the modules read: flows.stages.datasets says so
+    tasks = cfg.tasks
+    size = tasks.support + tasks.query
+    sum_shown = f"{_SIZE} = {tasks.support} + {tasks.query} = {size}"
+    if all(count < size for count in sizes.values()):
+        raise DatasetError(
+            f"{where}: every one of its {len(sizes)} tasks has fewer than {sum_shown} "
+            f"transitions (largest: {max(sizes.values())}); lower tasks.support or tasks.query"
+        )
+    if tasks.skip_small_tasks:
+        return
+    several = len({module for module, _ in sizes}) > 1
+    small = [
+        (f"{task} (module {module})" if several else task, count)
+        for (module, task), count in sizes.items()
+        if count < size
+    ]
+    if small:
+        listed = ", ".join(f"{task!r} ({count})" for task, count in small[:_LISTED])
+        more = f" and {len(small) - _LISTED} more" if len(small) > _LISTED else ""
+        raise DatasetError(
+            f"{where}: {len(small)} of {len(sizes)} tasks have fewer than {sum_shown} "
+            f"transitions: {listed}{more}; expected at least that many per task. Lower "
+            "tasks.support or tasks.query, remove those tasks from the dataset, or set "
+            "tasks.skip_small_tasks to true to leave them out"
+        )
+
+
+def _check_meta_batch(cfg: MetaTrainConfig, where: str, sizes: dict[tuple[str, str], int]) -> None:
+    """Enough samples per epoch for one meta-batch per learner (exact for in-memory samples;
+    streamed windows can fall short of it even so)."""
+    tasks = cfg.tasks
+    size = tasks.support + tasks.query
+    samples = sum(count // size for count in sizes.values())
+    learners = max(1, cfg.learners.num_learners)
+    if samples >= tasks.meta_batch * learners:
+        return
+    each = f" for each of {learners} learners (learners.num_learners)" if learners > 1 else ""
+    raise DatasetError(
+        f"{where}: its tasks give {samples} samples of {_SIZE} = {size} transitions per epoch, "
+        f"fewer than one meta-batch of tasks.meta_batch = {tasks.meta_batch} samples{each}; "
+        "lower tasks.meta_batch, tasks.support or tasks.query, or add tasks"
+    )
+
+
+def _check_windows(cfg: MetaTrainConfig, train: DatasetInfo) -> None:
+    """When the train stage would stream its task samples, plan the windows of tasks as it
+    does (footers and id columns): refuses data not sorted by task and a task larger than
+    a window of ``tasks.memory_budget_mb``."""
+    from pipeline.reads.returns import split_derived
+    from pipeline.streams.selection import resolve_columns
+    from pipeline.tasks.grouping import with_inputs
+    from pipeline.tasks.samples import task_samples
+    from pipeline.tasks.windows import estimated_bytes
+
+    tasks = cfg.tasks
+    if tasks.mode == "memory":
+        return
+    if tasks.mode == "auto":
+        # task_samples' choice for the columns the train stage reads (its defaults).
+        stored, derived = split_derived(None, cfg.data.gamma)
+        read = with_inputs(resolve_columns(train.schema, stored), derived)
+        if estimated_bytes(train, read) <= tasks.memory_budget_mb * 2**20:
+            return
+    task_samples(
+        train,
+        support=tasks.support,
+        query=tasks.query,
+        modules_to_update=cfg.learners.data_modules,
+        skip_small_tasks=tasks.skip_small_tasks,
+        gamma=cfg.data.gamma,
+        mode="stream",
+        memory_budget_mb=tasks.memory_budget_mb,
+    )
+
+
+def _check_evaluation(cfg: MetaTrainConfig, heldout: DatasetInfo) -> None:
+    modules = cfg.learners.data_modules
+    if len(modules) != 1:
+        raise DatasetError(
+            f"held-out evaluation supports one module per dataset for now, but learners.modules "
+            f"trains on the rows of modules {modules}; expected one (learners.modules_to_update "
+            "names the modules to train)"
+        )
+    environment = environment_name(heldout.metadata)
+    rollouts = cfg.evaluation.rollout_episodes > 0 and environment in ROLLOUT_ENVIRONMENTS
+    if rollouts and not heldout.metadata.get("tasks"):
+        raise DatasetError(
+            f"held-out dataset {heldout.root}: dataset.json describes no task parameters "
+            f"('tasks'); {environment} rollouts need each task's parameters (or set "
+            "evaluation.rollout_episodes to 0)"
+        )
