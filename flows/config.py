@@ -65,6 +65,13 @@ class DataConfig(BaseModel):
         "pipeline.contract.value_checks.",
     )
 
+    @field_validator("check_values", mode="before")
+    @classmethod
+    def _off_as_written(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` (in a config file or `--set data.check_values=off`) as
+        # false: that is what the user wrote.
+        return "off" if value is False else value
+
 
 class TasksConfig(BaseModel):
     """How task samples and meta-batches are drawn from the data."""

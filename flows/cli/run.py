@@ -186,14 +186,16 @@ def _resume_dir(resume: str | None, cfg: MetaTrainConfig) -> str | None:
 def _data_fits(cfg: MetaTrainConfig) -> bool:
     """Check the data before Ray and Prefect start (they take half a minute to start and bury
     the cause under their tracebacks); False after saying why in one line."""
-    from flows.stages.datasets import inspect_datasets
+    from flows.stages.datasets import inspect_datasets, value_warnings
     from pipeline.contract.schema import DatasetError
 
     try:
-        inspect_datasets(cfg)
+        datasets = inspect_datasets(cfg)
     except DatasetError as error:
         print(f"offmeta run: {error}", file=sys.stderr)
         return False
+    for warning in value_warnings(*datasets):
+        print(f"offmeta run: warning: {warning}", file=sys.stderr)
     return True
 
 

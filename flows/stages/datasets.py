@@ -39,10 +39,8 @@ def validate_datasets(cfg: MetaTrainConfig) -> Datasets:
     ``cfg.evaluation`` (``flows.stages.task_checks``). Raises ``DatasetError`` naming the
     dataset, the config field, what was found and what was expected.
     """
-    column_map = cfg.data.column_map or None
-    partial = cfg.data.allow_partial_episodes
-    train = read_episodes(cfg.data.train, column_map=column_map, allow_partial_episodes=partial)
-    heldout = read_episodes(cfg.data.heldout, column_map=column_map, allow_partial_episodes=partial)
+    train = read_episodes(cfg.data.train, **_read_options(cfg))
+    heldout = read_episodes(cfg.data.heldout, **_read_options(cfg))
     _check_fit(cfg, train, heldout)
     return Datasets(train=train, heldout=heldout)
 
@@ -51,14 +49,25 @@ def inspect_datasets(cfg: MetaTrainConfig) -> tuple[DatasetInfo, DatasetInfo]:
     """``validate_datasets``'s checks without Ray: ``(train, heldout)`` described by
     ``inspect_episodes`` (the checks ``offmeta data validate`` runs), or ``DatasetError``
     with the message ``validate_datasets`` would raise."""
-    column_map = cfg.data.column_map or None
-    partial = cfg.data.allow_partial_episodes
-    train = inspect_episodes(cfg.data.train, column_map=column_map, allow_partial_episodes=partial)
-    heldout = inspect_episodes(
-        cfg.data.heldout, column_map=column_map, allow_partial_episodes=partial
-    )
+    train = inspect_episodes(cfg.data.train, **_read_options(cfg))
+    heldout = inspect_episodes(cfg.data.heldout, **_read_options(cfg))
     _check_fit(cfg, train, heldout)
     return train, heldout
+
+
+def value_warnings(*datasets: DatasetInfo) -> list[str]:
+    """What the value checks counted but did not refuse (float actions outside a declared
+    box), one line per dataset that has any, for the caller to show."""
+    return [info.values.warning for info in datasets if info.values.warning]
+
+
+def _read_options(cfg: MetaTrainConfig) -> dict[str, Any]:
+    """The ``data`` settings every read of a run's datasets takes."""
+    return {
+        "column_map": cfg.data.column_map or None,
+        "allow_partial_episodes": cfg.data.allow_partial_episodes,
+        "check_values": cfg.data.check_values,
+    }
 
 
 def _check_fit(cfg: MetaTrainConfig, train: DatasetInfo, heldout: DatasetInfo) -> None:

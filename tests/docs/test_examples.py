@@ -5,7 +5,8 @@ own, the blocks run in order: ```python blocks in one namespace (their asserts a
 expected output), ```bash blocks with ``bash -e`` and this checkout's ``offmeta`` first on
 ``PATH``. A ```bash block with ``<!-- not run: REASON -->`` on the line above is not run;
 ```text blocks are not code. Every ``offmeta run`` line, run or not, names a config that
-loads with its overrides. The rules are in docs/development.md, "Docs that run".
+loads with its overrides, and every ```yaml block is a run config fragment: laid over the
+shipped point-robot config, it validates. The rules are in docs/development.md, "Docs that run".
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 from tests.helpers.paths import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-LANGUAGES = {"python", "bash", "text"}
+LANGUAGES = {"python", "bash", "text", "yaml"}
 # What the examples write stays in the scratch directory: these are not linked into it.
 NOT_LINKED = {".git", "artifacts", "runs", "site", "build"}
 MARKER = re.compile(r"<!-- not run: (.*?) -->")
@@ -155,6 +156,24 @@ def test_page_examples_run(name, tmp_path, monkeypatch, ray_session):
                 timeout=120,
             )
             assert result.returncode == 0, f"{where} exited {result.returncode}:\n{result.stderr}"
+
+
+YAML_BLOCKS = [block for blocks in BLOCKS.values() for block in blocks if block.language == "yaml"]
+
+
+@pytest.mark.parametrize(
+    "block", YAML_BLOCKS, ids=[f"{_name(b.page)}:{b.line}" for b in YAML_BLOCKS]
+)
+def test_yaml_blocks_are_valid_run_config_fragments(block):
+    import yaml
+
+    from flows.config import validate_config
+
+    document = yaml.safe_load((REPO / "flows" / "configs" / "point_robot.yaml").read_text())
+    fragment = yaml.safe_load(block.code)
+    for section, values in fragment.items():
+        document[section] = {**document.get(section, {}), **values}
+    validate_config(document, source=f"{_name(block.page)}:{block.line}")
 
 
 @pytest.mark.parametrize(("where", "words"), RUN_COMMANDS, ids=[w for w, _ in RUN_COMMANDS])
