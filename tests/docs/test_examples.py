@@ -142,6 +142,17 @@ def test_page_examples_run(name, tmp_path, monkeypatch, ray_session):
     scratch = _scratch(tmp_path)
     monkeypatch.chdir(scratch)
     namespace: dict[str, object] = {"__name__": "docs"}
+    tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        _run_blocks(name, scratch, namespace)
+    finally:
+        # A page may set MLflow's process-wide tracking URI (mlflow.set_tracking_uri, as its
+        # users do); the tests after it must not inherit it. None unsets it.
+        if "mlflow" in sys.modules:
+            sys.modules["mlflow"].set_tracking_uri(tracking_uri)
+
+
+def _run_blocks(name: str, scratch: Path, namespace: dict[str, object]) -> None:
     for block in BLOCKS[name]:
         where = f"{name}:{block.line}"
         if block.language == "python":
