@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.records import Baseline, write_record
-from flows.runs.runtime import set_quiet_environment
+from flows.process.runtime import set_quiet_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 _RATE = re.compile(r"\| ([0-9.]+) it/s \|")

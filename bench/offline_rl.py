@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.records import Baseline, write_record
-from flows.runs.runtime import set_quiet_environment
+from flows.process.runtime import set_quiet_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "flows" / "configs" / "point_robot_macaw.yaml"
@@ -85,7 +85,7 @@ def _config(algorithm: str, seed: int, iterations: int, run_dir: Path) -> Any:
 
 
 def _train_and_evaluate(cfg: Any, datasets: Any, run_dir: Path) -> dict[str, float]:
-    from flows.stages.evaluation import evaluate
+    from flows.evaluation.heldout import evaluate
     from flows.stages.train import train
 
     quiet = logging.getLogger("offline_rl")
@@ -107,7 +107,7 @@ def main() -> None:
     set_quiet_environment()
     import torch
 
-    from flows.runs.runtime import ray_session
+    from flows.process.runtime import ray_session
     from flows.stages.datasets import validate_datasets
 
     torch.set_num_threads(1)

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.records import ROOT, Baseline, write_record
-from flows.runs.runtime import set_quiet_environment
+from flows.process.runtime import set_quiet_environment
 
 set_quiet_environment()
 

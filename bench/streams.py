@@ -4,7 +4,7 @@ Data: 16-float ``obs``, int64 ``actions``, two modules, written to a temporary d
 as 10 Parquet files of ``--rows / 10`` rows (deleted afterwards), episodes of 1,000 steps
 of one module each. Minibatches of 512
 rows, two learners in threads. Ray is started (and its workers warmed) before timing, with
-the environment ``offmeta run`` gives it (``flows.runs.runtime.QUIET_ENVIRONMENT``).
+the environment ``offmeta run`` gives it (``flows.process.runtime.QUIET_ENVIRONMENT``).
 
 1. First epoch from disk, ``--rows`` rows (default 5M): LearnerStream rows/s divided by
    pyarrow reading the same files, grouping rows per module once and slicing zero-copy
@@ -66,7 +66,7 @@ import pyarrow.parquet as pq
 import torch
 
 from bench.records import Baseline, write_record
-from flows.runs.runtime import set_quiet_environment
+from flows.process.runtime import set_quiet_environment
 
 # The environment `offmeta run` gives Ray, set before Ray starts (here and in the peak-RSS
 # children; this module imports Ray only inside functions).

@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 import torch
 
 from bench.records import Baseline, write_record
-from flows.runs.runtime import set_quiet_environment
+from flows.process.runtime import set_quiet_environment
 
 set_quiet_environment()
 torch.set_num_threads(1)  # 2 cores: a second intra-op thread slows small meta-steps

@@ -1,7 +1,7 @@
 """The ``meta_train`` Prefect flow: validate dataset -> train -> evaluate -> publish.
 
 Each task is a thin wrapper of one typed stage function (``flows.stages.datasets``,
-``flows.stages.train`` or ``flows.scale_out``, ``flows.stages.evaluation``,
+``flows.stages.train`` or ``flows.scale_out``, ``flows.evaluation.heldout``,
 ``flows.stages.publishing``) that can be called without Prefect. The flow owns the Ray
 session, the run directory (``flows.runs.run_dirs``) and decides retries:
 
@@ -37,15 +37,15 @@ from prefect.runtime import flow_run
 from prefect.states import State
 
 from flows.config import MetaTrainConfig, load_config
+from flows.evaluation.heldout import EvaluationReport, evaluate
+from flows.process.runtime import code_version, ray_session, torch_threads
 from flows.runs.crashed import mark_crashed
 from flows.runs.retention import prune_runs
 from flows.runs.retry_policy import is_permanent
 from flows.runs.run_dirs import ActiveRun, abandoned_flow_runs, open_run
-from flows.runs.runtime import code_version, ray_session, torch_threads
 from flows.runs.train_state import TrainResult
 from flows.scale_out import train_on_ray
 from flows.stages.datasets import Datasets, validate_datasets
-from flows.stages.evaluation import EvaluationReport, evaluate
 from flows.stages.mirroring import MirrorOutcome, mirror_markdown, mirror_published
 from flows.stages.publishing import prefect_artifact_keys, publish, show_in_prefect
 from flows.stages.train import train
@@ -99,7 +99,7 @@ def train_learner(cfg: MetaTrainConfig, datasets: Datasets, run_dir: str) -> Tra
 def evaluate_learner(
     cfg: MetaTrainConfig, trained: TrainResult, datasets: Datasets
 ) -> EvaluationReport:
-    """``flows.stages.evaluation.evaluate`` of the trained learner on the held-out data."""
+    """``flows.evaluation.heldout.evaluate`` of the trained learner on the held-out data."""
     return evaluate(cfg, trained.learner_state, datasets.heldout, logger=_logger())
 
 

@@ -6,10 +6,10 @@ start-up. ``run`` also checks both datasets against each other and the config
 (``flows.stages.datasets.inspect_datasets``, the checks of ``offmeta data validate``)
 before it starts Ray or Prefect. Without ``PREFECT_API_URL`` Prefect starts a temporary
 local server for the run; with it, runs are recorded on that server, which must answer
-(``flows.runs.prefect_api``) before anything starts.
+(``flows.process.prefect_api``) before anything starts.
 
 A run that fails on a permanent error (``flows.runs.retry_policy``) ends with one line, not
-Prefect's tracebacks (``flows.runs.console``; ``OFFMETA_VERBOSE=1`` shows them).
+Prefect's tracebacks (``flows.process.console``; ``OFFMETA_VERBOSE=1`` shows them).
 
 ``offmeta run --resume [RUN_DIR]`` continues an unfinished run (``flows.runs.run_dirs``); the run
 directory is found and checked before anything starts.
@@ -23,10 +23,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from flows.config import ConfigError, MetaTrainConfig, load_config
-from flows.runs.console import permanent_failures_in_one_line
-from flows.runs.prefect_api import PrefectApiError, check_api_answers, prefect_api_url
+from flows.process.console import permanent_failures_in_one_line
+from flows.process.prefect_api import PrefectApiError, check_api_answers, prefect_api_url
+from flows.process.runtime import set_quiet_environment
 from flows.runs.run_dirs import RunDirError, check_resumable, find_resumable, read_run
-from flows.runs.runtime import set_quiet_environment
 
 if TYPE_CHECKING:
     from prefect.client.schemas.schedules import CronSchedule

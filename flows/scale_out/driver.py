@@ -88,7 +88,7 @@ def train_on_ray(
     task samples (``split_for_learners(TaskStream(samples, ranks=[rank]), ...)``), so one
     meta-step sees ``num_learners * meta_batch`` tasks and the averaged meta-gradient equals
     one learner's over all of them. Needs a running Ray session
-    (``flows.runs.runtime.ray_session``). ``fault`` is a drill: that worker kills itself
+    (``flows.process.runtime.ray_session``). ``fault`` is a drill: that worker kills itself
     once, and the run must recover.
     """
     import ray

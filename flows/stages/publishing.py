@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from flows.config import MetaTrainConfig
+from flows.evaluation.heldout import EvaluationReport
+from flows.evaluation.pictures import picture_files
 from flows.runs.train_state import TrainResult
 from flows.stages.datasets import Datasets
-from flows.stages.evaluation import EvaluationReport
-from flows.stages.pictures import picture_files
 from pipeline.artifacts import (
     ArtifactNotFoundError,
     ArtifactRef,
@@ -42,8 +42,8 @@ def publish(
     subflow_run_id: str | None = None,
 ) -> ArtifactRef:
     """Publish the trained parameters with metrics, config, lineage, learning curve and the
-    evaluation's pictures (``flows.stages.pictures``; a warm-started run's adaptation curve shows
-    its parent's beside its own).
+    evaluation's pictures (``flows.evaluation.pictures``; a warm-started run's adaptation curve
+    shows its parent's beside its own).
 
     ``flow_run_id`` is the flow run that was triggered, ``subflow_run_id`` the training flow's
     own run when that ran as its subflow. The lineage's ``extras["checkpoint"]`` is the final

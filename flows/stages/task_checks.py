@@ -29,8 +29,8 @@ from pipeline.io.arrow_columns import decoded
 from pipeline.reads.episodes import DatasetInfo
 
 ROLLOUT_ENVIRONMENTS = frozenset({"point_robot"})
-"""Environments whose held-out tasks evaluation rolls out (``flows.stages.evaluation``,
-``flows.stages.trajectories.TRAJECTORIES``)."""
+"""Environments whose held-out tasks evaluation rolls out (``flows.evaluation.heldout``,
+``flows.evaluation.trajectories.TRAJECTORIES``)."""
 _LISTED = 5
 _SIZE = "tasks.support + tasks.query"
 

@@ -33,7 +33,7 @@ from pipeline.synthetic.point_robot import (
 
 BEHAVIOR_COLUMN = "behavior"
 """The column of ``mixed`` data that names each episode's behaviour policy (a label);
-evaluation reads it to draw the recorded episodes (``flows.stages.trajectories``)."""
+evaluation reads it to draw the recorded episodes (``flows.evaluation.trajectories``)."""
 
 
 @dataclass(frozen=True)

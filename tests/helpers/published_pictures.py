@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 from matplotlib.image import imread
 
+from flows.evaluation.heldout import EvaluationReport
+from flows.evaluation.pictures import ADAPTATION_PX, ROLLOUTS_PX, draw_adaptation, draw_rollouts
 from flows.runs.train_state import TrainResult
-from flows.stages.evaluation import EvaluationReport
-from flows.stages.pictures import ADAPTATION_PX, ROLLOUTS_PX, draw_adaptation, draw_rollouts
 from pipeline.artifacts import ArtifactRef, ArtifactStore
 from pipeline.artifacts.plots import (
     CURVE_PANEL_PX,

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from flows.config import validate_config
+from flows.evaluation.heldout import evaluate
 from flows.scale_out import WorkerFault, train_on_ray
 from flows.stages.datasets import Datasets
-from flows.stages.evaluation import evaluate
 from flows.stages.publishing import publish
 from flows.stages.train import train
 from pipeline.artifacts import ArtifactStore

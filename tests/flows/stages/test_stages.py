@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from flows.evaluation.heldout import EvaluationReport
 from flows.meta_train import (
     _transient,
     evaluate_learner,
@@ -16,7 +17,6 @@ from flows.meta_train import (
     train_learner,
     validate_dataset,
 )
-from flows.stages.evaluation import EvaluationReport
 from pipeline.artifacts import ArtifactStore
 from pipeline.consumer import LEARNER_JSON, LEARNER_TENSORS, load_learner
 from pipeline.contract.schema import DatasetError

@@ -15,9 +15,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from flows.evaluation.trajectories import TRAJECTORIES
 from flows.stages.datasets import inspect_datasets
 from flows.stages.task_checks import ROLLOUT_ENVIRONMENTS
-from flows.stages.trajectories import TRAJECTORIES
 from pipeline.contract.schema import DatasetError
 from tests.helpers.flow_runs import tiny_config, tiny_point_robot
 

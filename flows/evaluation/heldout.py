@@ -8,7 +8,7 @@ Two measures, both on tasks the learner never trained on:
   rollouts with each task's goal: the unadapted meta-policy, the policy adapted on that
   task's support transitions, and the noise-free expert; beside them the mean episode return
   of the held-out data itself (the behaviour policy), to tell improvement from imitation;
-  also the few episodes ``rollouts.png`` draws (``flows.stages.trajectories``).
+  also the few episodes ``rollouts.png`` draws (``flows.evaluation.trajectories``).
 
 Each held-out task contributes exactly one sample of K support + Q query transitions,
 drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.
@@ -26,8 +26,8 @@ import torch
 from torch.func import functional_call, vmap
 
 from flows.config import EvaluationConfig, MetaTrainConfig
+from flows.evaluation.trajectories import TRAJECTORIES
 from flows.stages.task_checks import environment_name
-from flows.stages.trajectories import TRAJECTORIES
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import task_slice
 from learners.models.mlp import build_model
@@ -61,7 +61,7 @@ class EvaluationReport:
     query_loss_per_task: dict[int, list[float]] = field(default_factory=dict)
     """Inner steps -> each task's query loss (``adaptation.png``: mean ± standard error)."""
     trajectories: dict[str, Any] | None = field(default=None, repr=False)
-    """Episodes on a few goals for ``rollouts.png`` (``flows.stages.trajectories``); stored as
+    """Episodes on a few goals for ``rollouts.png`` (``flows.evaluation.trajectories``); stored as
     rollouts.json, left out of ``to_dict``."""
 
     def metrics(self) -> dict[str, float]:

@@ -4,7 +4,7 @@
   standard error across tasks, for this version and, when it was warm-started, its parent
   (from the parent's ``evaluation.json``) on the same axes;
 - ``rollouts.png`` / ``rollouts.json``: for environments the evaluation rolls out, the
-  episodes of ``flows.stages.trajectories`` on four held-out goals, one panel per goal.
+  episodes of ``flows.evaluation.trajectories`` on four held-out goals, one panel per goal.
 
 The learning curve (``learning_curve.png``) is the artifact store's, drawn from the history
 (``pipeline.artifacts.plots``). Pictures are drawn from the JSON data alone, on the same fixed
@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flows.stages.evaluation import EvaluationReport
+from flows.evaluation.heldout import EvaluationReport
 from pipeline.artifacts.plots import axis_scale, json_bytes, new_figure, png_bytes
 
 ADAPTATION_PX = (720, 480)
@@ -100,8 +100,8 @@ def draw_adaptation(data: Mapping[str, Any]) -> bytes:
 
 
 def draw_rollouts(data: Mapping[str, Any]) -> bytes:
-    """``rollouts.png`` from a ``flows.stages.trajectories`` result (plus a ``title``): one panel
-    per goal with each policy's path and return, the start and the goal marked."""
+    """``rollouts.png`` from a ``flows.evaluation.trajectories`` result (plus a ``title``): one
+    panel per goal with each policy's path and return, the start and the goal marked."""
     goals = data["goals"]
     columns = 2 if len(goals) > 1 else 1
     rows = math.ceil(len(goals) / columns)

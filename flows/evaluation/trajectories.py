@@ -8,7 +8,7 @@ start (``evaluation.seed``), with their returns. For offline-RL data (held-out e
 carrying a ``behavior`` column) also the recorded episodes of those tasks: what the
 policies were learnt from.
 
-Everything returned is plain JSON (``rollouts.json``); ``flows.stages.pictures`` draws it.
+Everything returned is plain JSON (``rollouts.json``); ``flows.evaluation.pictures`` draws it.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.config import TrainingConfig
-from flows.stages.evaluation import EvaluationReport, evaluate
-from flows.stages.pictures import (
+from flows.evaluation.heldout import EvaluationReport, evaluate
+from flows.evaluation.pictures import (
     ADAPTATION_PX,
     ROLLOUTS_PX,
     adaptation_data,
