@@ -127,6 +127,21 @@ def _check_meta_batch(cfg: MetaTrainConfig, where: str, sizes: dict[tuple[str, s
     )
 
 
+def sampling_options(cfg: MetaTrainConfig) -> dict[str, Any]:
+    """The ``task_samples`` keywords a run's config asks for (the train stage's, and the
+    plan these checks make of it)."""
+    tasks = cfg.tasks
+    return {
+        "support": tasks.support,
+        "query": tasks.query,
+        "modules_to_update": cfg.learners.data_modules,
+        "skip_small_tasks": tasks.skip_small_tasks,
+        "gamma": cfg.data.gamma,
+        "mode": tasks.mode,
+        "memory_budget_mb": tasks.memory_budget_mb,
+    }
+
+
 def _check_windows(cfg: MetaTrainConfig, train: DatasetInfo) -> None:
     """When the train stage would stream its task samples, plan the windows of tasks as it
     does (footers and id columns): refuses data not sorted by task and a task larger than
@@ -146,16 +161,7 @@ def _check_windows(cfg: MetaTrainConfig, train: DatasetInfo) -> None:
         read = with_inputs(resolve_columns(train.schema, stored), derived)
         if estimated_bytes(train, read) <= tasks.memory_budget_mb * 2**20:
             return
-    task_samples(
-        train,
-        support=tasks.support,
-        query=tasks.query,
-        modules_to_update=cfg.learners.data_modules,
-        skip_small_tasks=tasks.skip_small_tasks,
-        gamma=cfg.data.gamma,
-        mode="stream",
-        memory_budget_mb=tasks.memory_budget_mb,
-    )
+    task_samples(train, **{**sampling_options(cfg), "mode": "stream"})
 
 
 def _check_evaluation(cfg: MetaTrainConfig, heldout: DatasetInfo) -> None:

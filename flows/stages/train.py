@@ -23,6 +23,7 @@ import torch
 from flows.config import MetaTrainConfig
 from flows.runs.train_state import TrainResult, learner_shard, restore, train_result
 from flows.stages.progress import TrainingProgress
+from flows.stages.task_checks import sampling_options
 from learners.meta.learner import MetaLearner
 from learners.training.loop import History, run_meta_training
 from pipeline.artifacts import ArtifactNotFoundError, ArtifactStore
@@ -121,17 +122,7 @@ def build_task_samples(
 ) -> TaskSamples | TaskWindows:
     """The training task samples ``cfg.tasks`` asks for, summarised in the log (with a
     warning when tasks smaller than K + Q were left out)."""
-    tasks = cfg.tasks
-    samples = task_samples(
-        data,
-        support=tasks.support,
-        query=tasks.query,
-        modules_to_update=cfg.learners.data_modules,
-        skip_small_tasks=tasks.skip_small_tasks,
-        gamma=cfg.data.gamma,
-        mode=tasks.mode,
-        memory_budget_mb=tasks.memory_budget_mb,
-    )
+    samples = task_samples(data, **sampling_options(cfg))
     logger.info("task samples: %s", samples.summary())
     if samples.skipped_tasks:
         logger.warning("left out %d tasks smaller than K + Q", len(samples.skipped_tasks))
