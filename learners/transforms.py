@@ -4,7 +4,7 @@
 A link maps gradient-like values to gradient-like values, one tensor per parameter in a fixed
 order: `update(updates, state, inputs) -> (updates, state)`. Nothing is written in place, so
 a chain can be differentiated through (second-order MAML), vmapped over tasks and compiled.
-The chain's output is what the parameters move down by: `descend(params, steps)`.
+The chain's output is what the parameters move down by: `descend(params, steps, lr=...)`.
 
 Written once here for both optimizers: the global norm, clipping by it, the non-finite
 policies (`skip_nonfinite`, `zero_nonfinite`, which wrap the rest of a chain) and
@@ -177,13 +177,20 @@ def zero_nonfinite(rule: Transform, *, foreach: bool = False) -> Transform:
     return Transform(init, update)
 
 
-def descend(params: Sequence[Tensor], steps: Sequence[Tensor], *, foreach: bool = False) -> Tensors:
-    """The parameters moved down by a chain's output (`params - steps`, a new list).
+def descend(
+    params: Sequence[Tensor], steps: Sequence[Tensor], *, lr: float = 1.0, foreach: bool = False
+) -> Tensors:
+    """The parameters moved down by `lr` times a chain's output (`params - lr * steps`, a new
+    list; one kernel a tensor, the scaling fused into the subtraction).
 
     A zero step leaves a parameter exactly as it was, -0.0 included."""
     if foreach:
+        if lr != 1.0:
+            raise ValueError("descend(foreach=True) takes steps already scaled (lr=1.0)")
         return foreach_sub(list(params), list(steps))
-    return [p - s for p, s in zip(params, steps, strict=True)]
+    if lr == 1.0:
+        return [p - s for p, s in zip(params, steps, strict=True)]
+    return [torch.add(p, s, alpha=-lr) for p, s in zip(params, steps, strict=True)]
 
 
 def keep_where(condition: Tensor, new: Any, old: Any) -> Any:

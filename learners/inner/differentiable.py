@@ -196,7 +196,8 @@ class DifferentiableLearner:
             state = self._optimizer.init(values)
         inputs = StepInputs(values, None if rates is None else [rates[n] for n in params])
         steps, state = self._optimizer.update(gradients, state, inputs)
-        new_params = dict(zip(params, descend(values, steps), strict=True))
+        lr = self.config.lr if rates is None else 1.0
+        new_params = dict(zip(params, descend(values, steps, lr=lr), strict=True))
         return new_params, state, ~state.finite if self._guarded else None
 
 

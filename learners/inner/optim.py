@@ -97,14 +97,15 @@ def scale_by_adam(betas: tuple[float, float], eps: float, eps_root: float) -> Tr
     return Transform(init, update)
 
 
-def scale_by_learning_rate(lr: float) -> Transform:
+def scale_by_learning_rate(lr: float | None) -> Transform:
     """Each direction times its learning rate: the step's `inputs.rates` (Meta-SGD) when
-    given, else `lr`."""
+    given, else `lr`. With `lr=None` and no rates the directions pass unchanged, for a caller
+    that descends by its float rate itself (`descend(..., lr=)`, one fused kernel a tensor)."""
 
     def scale(directions: Tensors, inputs: StepInputs) -> Tensors:
-        if inputs.rates is None:
-            return [d * lr for d in directions]
-        return [r * d for r, d in zip(inputs.rates, directions, strict=True)]
+        if inputs.rates is not None:
+            return [r * d for r, d in zip(inputs.rates, directions, strict=True)]
+        return directions if lr is None else [d * lr for d in directions]
 
     return stateless(scale)
 
@@ -126,9 +127,11 @@ after the update instead (`DifferentiableLearner.update`)."""
 def inner_optimizer(config: InnerConfig) -> Transform:
     """The inner update rule `config` describes, over one module's parameters in order:
     clipping, SGD, heavy-ball momentum or Adam, the learning rate, inside the non-finite
-    policy. Its output is subtracted from the parameters (`learners.transforms.descend`)."""
+    policy. With learned rates (Meta-SGD) its output is the step; without, the direction, which
+    the caller descends by `config.lr` (`learners.transforms.descend(..., lr=config.lr)`: the
+    scaling fused into the subtraction, as `torch.optim.SGD` does it)."""
     links = [] if config.clip_norm is None else [clip_by_global_norm(config.clip_norm)]
-    rule = chain(*links, *_DIRECTIONS[config.optimizer](config), scale_by_learning_rate(config.lr))
+    rule = chain(*links, *_DIRECTIONS[config.optimizer](config), scale_by_learning_rate(None))
     policy = _POLICIES.get(config.nonfinite)
     return rule if policy is None else policy(rule)
 

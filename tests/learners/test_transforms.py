@@ -130,3 +130,25 @@ def test_keep_where_selects_whole_states_without_leaking_nan():
     kept = keep_where(torch.tensor(False), (new, torch.tensor(5.0)), (old, torch.tensor(4.0)))
     assert isinstance(kept[0], MomentumState)
     assert torch.equal(kept[0].velocity[0], old.velocity[0]) and float(kept[1]) == 4.0
+
+
+def test_descending_by_a_float_rate_fuses_the_scaling_exactly():
+    params, steps = _params(), _grads()
+    params[0][0, 0] = -0.0
+    steps[0][0, 0] = 0.0
+    moved = descend(params, steps, lr=0.1)
+    for p, s, m in zip(params, steps, moved, strict=True):
+        # what torch.optim.SGD computes (p.add(grad, alpha=-lr)), bit for bit
+        assert torch.equal(m, p.add(s, alpha=-0.1))
+    assert torch.equal(moved[0][0, 0].view(torch.int64), params[0][0, 0].view(torch.int64))
+    with pytest.raises(ValueError, match=r"descend\(foreach=True\) takes steps already scaled"):
+        descend(params, steps, lr=0.1, foreach=True)
+
+
+def test_without_rates_a_rate_free_link_passes_directions_through():
+    params, grads = _params(), _grads()
+    steps, _ = scale_by_learning_rate(None).update(grads, (), StepInputs(params))
+    assert all(s is g for s, g in zip(steps, grads, strict=True))
+    rates = [torch.full_like(p, 0.5) for p in params]
+    steps, _ = scale_by_learning_rate(None).update(grads, (), StepInputs(params, rates))
+    assert all(torch.equal(s, 0.5 * g) for s, g in zip(steps, grads, strict=True))
