@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -48,7 +49,11 @@ _SERVER_COMMAND = (
 )
 _SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1"}
 _PORT_IN_USE = 3
-"""uvicorn's exit status when the port was taken between choosing and binding it."""
+"""uvicorn's exit status when it cannot start: the port taken between choosing and binding it
+(tried again, ``_STARTS`` times in all), or the app failing at start-up."""
+_STARTS = 3
+_LOG_PREFIX = re.compile(r"^[0-9:.]+ \| [A-Z]+ +\| [\w.]+ - ")
+"""Prefect's log-line prefix (time, level, logger), left out of the line quoted."""
 
 
 class PrefectApi:
@@ -90,17 +95,18 @@ class PrefectApi:
         ``PrefectApiError`` (one line) when it exits or stays silent."""
         if self._server is None:
             return
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline, starts = time.monotonic() + STARTUP_TIMEOUT_S, 1
         while time.monotonic() < deadline:
             status = self._server.poll()
-            if status == _PORT_IN_USE:
+            if status == _PORT_IN_USE and starts < _STARTS and _taken(self._port):
                 self._log.close()
                 self._start_server()
+                starts += 1
                 continue
             if status is not None:
                 self._log.seek(0)
                 output = self._log.read().decode(errors="replace").strip().splitlines()
-                last = output[-1:] or ["no output"]
+                last = [_LOG_PREFIX.sub("", line) for line in output[-1:]] or ["no output"]
                 self._server = None
                 self._log.close()
                 raise PrefectApiError(
@@ -167,6 +173,16 @@ def _answers(url: str) -> bool:
             return True
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
+
+
+def _taken(port: int) -> bool:
+    """Whether something else now listens on ``port`` (else the server failed by itself)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def _free_port() -> int:
