@@ -88,7 +88,7 @@ def build_model(spec: ModuleSpec, *, module_id: str | None = None) -> nn.Module:
         raise ValueError(
             f"{key} {name!r} returned a module with buffers {buffers}, which vmap over tasks "
             "cannot carry (e.g. BatchNorm running statistics); use a norm without running "
-            "statistics (LayerNorm, GroupNorm)"
+            "statistics (GroupNorm)"
         )
     return network
 
