@@ -78,7 +78,13 @@ def build_model(spec: ModuleSpec, *, module_id: str | None = None) -> nn.Module:
     name = factory if isinstance(factory, str) else f"{factory.__module__}:{factory.__name__}"
     if isinstance(factory, str):
         factory = resolve_factory(factory, key=key)
-    network = factory(spec.observation_shape, spec.action_dim, **kwargs)
+    try:
+        network = factory(spec.observation_shape, spec.action_dim, **kwargs)
+    except TypeError as error:  # most often a signature that does not take these arguments
+        raise ValueError(
+            f"{key} {name!r} called as (obs_shape={spec.observation_shape}, "
+            f"action_dim={spec.action_dim}, **{kwargs}) raised TypeError: {error}"
+        ) from None
     if not isinstance(network, nn.Module):
         raise ValueError(
             f"{key} {name!r} returned a {type(network).__name__}; expected an nn.Module"
