@@ -4,6 +4,7 @@ Both take ``--config FILE`` and any number of ``--set KEY=VALUE`` overrides; the
 validated before Prefect, Ray or torch is imported, so a typo costs a second, not a Ray
 start-up. ``run`` also checks both datasets against each other and the config
 (``flows.stages.datasets.inspect_datasets``, the checks of ``offmeta data validate``)
+and builds the networks of ``model.factory`` and ``model.encoder: conv`` once
 before it starts Ray or Prefect. Without ``PREFECT_API_URL`` Prefect starts a temporary
 local server for the run; with it, runs are recorded on that server, which must answer
 (``flows.process.prefect_api``) before anything starts.
@@ -113,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
 def _run_when_ready(
     cfg: MetaTrainConfig, resume: str | None, prefect: PrefectApi, began: float
 ) -> int:
-    if not _data_fits(cfg):
+    if not _data_fits(cfg) or not _networks_build(cfg):
         return 1
     try:
         prefect.resolve()
@@ -223,6 +224,25 @@ def _data_fits(cfg: MetaTrainConfig) -> bool:
         return False
     for warning in value_warnings(*datasets):
         print(f"offmeta run: warning: {warning}", file=sys.stderr)
+    return True
+
+
+def _networks_build(cfg: MetaTrainConfig) -> bool:
+    """Build the networks of factories and conv encoders once before Ray and Prefect start
+    (user code, or images too small for the encoder, fail here in one line); False after
+    saying why. The built-in MLP is checked by the config alone."""
+    modules = cfg.learners.meta_config().modules
+    if all(
+        spec.model.factory is None and spec.model.encoder == "flat" for spec in modules.values()
+    ):
+        return True
+    from learners.models.factory import build_models
+
+    try:
+        build_models(modules, cfg.learners.seed)
+    except ValueError as error:
+        print(f"offmeta run: {error}", file=sys.stderr)
+        return False
     return True
 
 
