@@ -147,7 +147,8 @@ class TrainingConfig(BaseModel):
         False,
         description="checkpoint_dir and the datasets' local paths are on a filesystem every "
         "node of the Ray cluster mounts at the same path (NFS, Lustre...); without it a run on "
-        "a cluster of more than one node refuses local paths before training (docs/scale-out.md).",
+        "a cluster of more than one node refuses local paths before training "
+        "(docs/run-storage.md).",
     )
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept per run.")
     keep_runs: int = Field(
@@ -364,7 +365,7 @@ class RayConfig(BaseModel):
         None,
         description="Ray runtime environment of the run's workers (passed to ray.init), to "
         "ship offmeta to nodes that lack it, e.g. {working_dir: ., pip: [...]} or "
-        "{py_modules: [...]}; null: the nodes' own Python environment (docs/scale-out.md).",
+        "{py_modules: [...]}; null: the nodes' own Python environment (docs/run-storage.md).",
     )
 
     @model_validator(mode="after")

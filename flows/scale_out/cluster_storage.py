@@ -76,7 +76,7 @@ def cluster_error(failures: Iterable[BaseException], storage: str) -> ClusterSet
             return ClusterSetupError(
                 f"a Ray Train worker cannot import offmeta ({missing}); install offmeta on "
                 "every node, or ship it with ray.runtime_env (e.g. {working_dir: ., "
-                "excludes: [runs, artifacts]}: docs/scale-out.md)"
+                "excludes: [runs, artifacts]}: docs/run-storage.md)"
             )
         if _RAY_STORAGE_FAILURE in str(failure) or isinstance(failure, OSError):
             reason = " ".join(str(failure).split())[:200]

@@ -267,7 +267,7 @@ def test_workers_that_cannot_reach_the_storage_or_offmeta_fail_in_one_permanent_
     assert str(caught.value) == (
         "a Ray Train worker cannot import offmeta (No module named 'flows'); install offmeta "
         "on every node, or ship it with ray.runtime_env (e.g. {working_dir: ., excludes: "
-        "[runs, artifacts]}: docs/scale-out.md)"
+        "[runs, artifacts]}: docs/run-storage.md)"
     )
 
 
