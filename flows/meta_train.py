@@ -25,7 +25,6 @@ deployments (``prefect.yaml``) that point at a checked-in config.
 # signature's annotations, which must be classes, not strings, when a deployment runs the flow.
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from prefect import Task, flow, get_run_logger, task
@@ -229,7 +228,7 @@ def _tidy_runs(cfg: MetaTrainConfig, run: ActiveRun) -> None:
         logger.info("resuming the run in %s", run.path)
     else:
         logger.info("run directory %s (offmeta run --resume continues it if stopped)", run.path)
-    root = Path(cfg.training.checkpoint_dir)
+    root = cfg.training.checkpoint_dir
     training = cfg.training
     for removed in prune_runs(
         root, keep_finished=training.keep_runs, keep_unfinished_days=training.keep_unfinished_days
