@@ -8,6 +8,9 @@ server's stop at exit counts too. Figures:
 
 - ``wall-over-training``: the process's wall time against the train stage's seconds in the
   same run (target: <= 1.5x, issue 23);
+- ``wall-over-training-server``: the same with a Prefect server already running (one the
+  bench starts first and hands over through ``PREFECT_API_URL``, as scheduled runs have),
+  so that the temporary server's boot is not part of the run;
 - with ``--compare CHECKOUT`` (another checkout of offmeta, e.g. a worktree of an earlier
   commit, run with this one's virtual environment): ``wall-vs-compared``, this checkout's wall
   time against that one's, rounds alternating between the two.
@@ -38,12 +41,14 @@ _TOOK = re.compile(r"^took ([0-9.]+) s: ([0-9.]+) s before the flow .*?\), (.*),
 _STAGE = re.compile(r"([a-z]+) ([0-9.]+) s")
 
 
-def run_once(checkout: Path, scratch: Path) -> dict[str, float]:
-    """One ``offmeta run`` of ``checkout``: its wall time and, when it prints them, the
-    seconds of each stage."""
+def run_once(checkout: Path, scratch: Path, api_url: str | None = None) -> dict[str, float]:
+    """One ``offmeta run`` of ``checkout`` (recording to ``api_url``, or to a temporary
+    server): its wall time and, when it prints them, the seconds of each stage."""
     with tempfile.TemporaryDirectory(dir=scratch) as where:
         env = {**os.environ, "PYTHONPATH": str(checkout)}
         env.pop("PREFECT_API_URL", None)
+        if api_url is not None:
+            env["PREFECT_API_URL"] = api_url
         began = time.perf_counter()
         done = subprocess.run(
             [
@@ -95,6 +100,7 @@ def main() -> None:
                 rounds[checkout].append(times)
                 shown = ", ".join(f"{k} {v:.1f}" for k, v in times.items())
                 print(f"round {index + 1} {checkout.name}: {shown}", flush=True)
+        served = _with_a_running_server(scratch, args.rounds)
     ours = rounds[ROOT]
     ratios = [r["wall"] / r["train"] for r in ours]
     stages = sorted({k for r in ours for k in r})
@@ -121,6 +127,33 @@ def main() -> None:
         shape=shape,
         details={"seconds_per_round": breakdown, "ratios": ratios},
     )
+    served_ratios = [r["wall"] / r["train"] for r in served]
+    served_wall = statistics.median(r["wall"] for r in served)
+    served_train = statistics.median(r["train"] for r in served)
+    print(
+        f"with a running Prefect server: wall {served_wall:.1f} s, train stage "
+        f"{served_train:.1f} s: {statistics.median(served_ratios):.2f}x (rounds "
+        f"{min(served_ratios):.2f}-{max(served_ratios):.2f}x)"
+    )
+    write_record(
+        "startup",
+        "wall-over-training-server",
+        "offmeta run on the point-robot sample, recording to a Prefect server already "
+        "running (PREFECT_API_URL): process wall time against its train stage, same run; "
+        "median of per-round ratios",
+        served_wall,
+        "s",
+        baseline=Baseline("the run's train stage (task samples and meta-steps)", served_train),
+        ratio=statistics.median(served_ratios),
+        target="<= 1.5",
+        shape=shape,
+        details={
+            "seconds_per_round": {
+                k: [round(r.get(k, 0.0), 2) for r in served] for k in sorted(served[0])
+            },
+            "ratios": served_ratios,
+        },
+    )
     if args.compare:
         theirs = rounds[checkouts[1]]
         per_round = [a["wall"] / b["wall"] for a, b in zip(ours, theirs, strict=True)]
@@ -142,6 +175,27 @@ def main() -> None:
             shape=shape,
             details={"ours": [r["wall"] for r in ours], "theirs": [r["wall"] for r in theirs]},
         )
+
+
+def _with_a_running_server(scratch: Path, rounds: int) -> list[dict[str, float]]:
+    """``rounds`` runs of this checkout recording to one Prefect server started first."""
+    from flows.process.prefect_server import PrefectApi
+
+    os.environ.pop("PREFECT_API_URL", None)
+    server = PrefectApi()
+    try:
+        server.wait()
+        url = os.environ["PREFECT_API_URL"]
+        run_once(ROOT, scratch, url)  # warm-up
+        times = []
+        for index in range(rounds):
+            times.append(run_once(ROOT, scratch, url))
+            shown = ", ".join(f"{k} {v:.1f}" for k, v in times[-1].items())
+            print(f"round {index + 1} with a running server: {shown}", flush=True)
+        return times
+    finally:
+        server.stop()
+        os.environ.pop("PREFECT_API_URL", None)
 
 
 if __name__ == "__main__":
