@@ -30,6 +30,7 @@ from pipeline.contract.footer_checks import read_columns
 from pipeline.contract.id_findings import (
     FLAGS,
     SHOWN_DUPLICATES,
+    VALIDATION_MEMORY_MB,
     EpisodeIds,
     Repeat,
     RowAt,
@@ -45,8 +46,6 @@ from pipeline.contract.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, Episode
 from pipeline.contract.sorted_id_checks import check_sorted_episodes
 from pipeline.io.dataset_source import ResolvedSource
 
-VALIDATION_MEMORY_MB = 1024.0
-"""Default of ``data.validation_memory_mb``: the memory the id checks may use."""
 IN_MEMORY_BYTES_PER_ROW = 80
 """What the in-memory checks peak at per row (ids, codes, order, flags): a dataset whose
 rows times this exceed the budget is checked over an external sort instead."""

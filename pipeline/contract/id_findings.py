@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from pipeline.contract.schema import DatasetError, EpisodeSchema
 
+VALIDATION_MEMORY_MB = 1024.0
+"""Default of ``data.validation_memory_mb``: the memory the id checks may use."""
 FLAGS = ("terminateds", "truncateds")
 SHOWN_DUPLICATES = 5
 """Repeated ``(module_id, eps_id, t)`` keys a refusal lists before it stops."""

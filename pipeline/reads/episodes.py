@@ -28,7 +28,8 @@ from pipeline.contract.footer_checks import (
     check_nulls,
     read_footers,
 )
-from pipeline.contract.id_checks import VALIDATION_MEMORY_MB, check_episodes
+from pipeline.contract.id_checks import check_episodes
+from pipeline.contract.id_findings import VALIDATION_MEMORY_MB
 from pipeline.contract.schema import CheckValues, EpisodeSchema
 from pipeline.contract.value_checks import ValueFacts, check_value_columns
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource, Source, resolve_source, uri_of

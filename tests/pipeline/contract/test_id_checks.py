@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.contract.id_checks import VALIDATION_MEMORY_MB
+from pipeline.contract.id_findings import VALIDATION_MEMORY_MB
 from pipeline.contract.schema import DatasetError
 from pipeline.reads.episodes import inspect_episodes
 from tests.helpers.episode_files import episode_table, write
