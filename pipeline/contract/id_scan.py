@@ -9,8 +9,10 @@ kind is the first row that finds it; counts go on to the end.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -29,13 +31,22 @@ from pipeline.contract.id_findings import (
 )
 
 
+class _Raw(NamedTuple):
+    """A row a refusal will name, before it is known whether labels show modules."""
+
+    eps_id: int | str
+    module: int | None
+    t: int
+    file: str
+
+
 @dataclass
 class _Counted:
     """Episodes holding some finding, counted once each; the first finding's rows."""
 
     count: int = 0
     last_episode: int = -1
-    first: tuple[RowAt, ...] = ()
+    first: tuple[_Raw, ...] = ()
 
     def add(self, episodes: np.ndarray) -> None:
         distinct = np.unique(episodes)
@@ -49,14 +60,21 @@ class _Counted:
 class _EarlyEnd(_Counted):
     """Early end flags; ``last`` waits for the end of the first one's episode."""
 
-    last: RowAt | None = None
+    last: _Raw | None = None
+
+
+@dataclass
+class _Repeated:
+    first: _Raw
+    rows: int
+    files: tuple[str, ...]
 
 
 @dataclass
 class _Repeats:
     rows: int = 0
     """Rows repeating a key seen just before them."""
-    shown: list[Repeat] = field(default_factory=list)
+    shown: list[_Repeated] = field(default_factory=list)
     last_pair: int = -2
     """Sorted position of the last repeated pair seen while listing."""
     listed: bool = False
@@ -78,20 +96,22 @@ class _Batch:
 
 
 class Scan:
-    """The checks over sorted rows; ``feed`` every table in order, then ``refuse``."""
+    """The checks over sorted rows; ``feed`` every table in order, then ``refuse``.
+
+    ``file_starts``, ``module_names`` and ``task_names`` may still grow while rows come
+    (rows read straight from the files): only entries for rows already fed are looked up.
+    """
 
     def __init__(
         self,
         *,
         files: Sequence[str],
-        file_starts: np.ndarray,
+        file_starts: list[int],
         module_names: list[str] | None,
         task_names: list[str] | None,
-        string_ids: bool,
     ) -> None:
         self._files, self._file_starts = files, file_starts
         self._module_names, self._task_names = module_names, task_names
-        self._string_ids = string_ids
         self._last: _Batch | None = None
         self._base = 0
         """Sorted position of the first row of the current batch."""
@@ -100,20 +120,29 @@ class Scan:
         self.eps_ids = 0
         self.tasks_at_starts: set[int] = set()
         self._repeats = _Repeats()
-        self._task_change: tuple[RowAt, RowAt, str, str] | None = None
+        self._task_change: tuple[_Raw, _Raw, str, str] | None = None
         self._late = _Counted()
         self._gaps = _Counted()
         self._ends = {flag: _EarlyEnd() for flag in FLAGS}
+        self.in_order = True
+        """No row fed came before the one before it (false: the findings mean nothing)."""
 
     def feed(self, table: pa.Table) -> None:
-        if table.num_rows == 0:
+        if table.num_rows == 0 or not self.in_order:
             return
         rows = self._with_last(table)
         key, t = rows.key, rows.t
+        # One module's codes are all equal, so comparing them changes nothing.
         same = key[1:] == key[:-1]
-        if self._module_names is not None and rows.module is not None:
+        later = key[1:] > key[:-1]
+        if rows.module is not None:
+            later |= same & (rows.module[1:] > rows.module[:-1])
             same &= rows.module[1:] == rows.module[:-1]
         step = t[1:] - t[:-1]
+        # Repeated rows side by side are in order: a stable sort would leave them so.
+        if not (later | (same & (step >= 0))).all():
+            self.in_order = False
+            return
         starts = np.empty(len(key), bool)
         starts[0] = not rows.carried
         starts[1:] = ~same
@@ -135,25 +164,37 @@ class Scan:
         self._episode = int(episode[-1])
         self._last = _last_row(rows)
 
-    def refuse(self, description: str, *, allow_partial_episodes: bool) -> None:
-        """Raise the refusal the in-memory checks would raise first, if any."""
+    def refuse(
+        self, description: str, *, allow_partial_episodes: bool, several_modules: bool
+    ) -> None:
+        """Raise the refusal the in-memory checks would raise first, if any; labels name
+        modules when the dataset has ``several_modules``."""
+
+        def at(raw: _Raw) -> RowAt:
+            module = None
+            if several_modules and raw.module is not None and self._module_names is not None:
+                module = self._module_names[raw.module]
+            return RowAt(episode_label(raw.eps_id, module), raw.t, raw.file)
+
         if self._repeats.rows:
-            several = self._module_names is not None
-            raise duplicates_error(description, self._repeats.rows, self._repeats.shown, several)
+            shown = [Repeat(at(r.first), r.rows, r.files) for r in self._repeats.shown]
+            raise duplicates_error(description, self._repeats.rows, shown, several_modules)
         if self._task_change is not None:
-            raise task_change_error(*self._task_change)
+            before, after, *names = self._task_change
+            raise task_change_error(at(before), at(after), *names)
         if allow_partial_episodes:
             return
         if self._late.first:
-            raise late_start_error(self._late.first[0], self._late.count)
+            raise late_start_error(at(self._late.first[0]), self._late.count)
         if self._gaps.first:
-            raise gap_error(*self._gaps.first, self._gaps.count)
+            before, after = self._gaps.first
+            raise gap_error(at(before), at(after), self._gaps.count)
         for flag, ends in self._ends.items():
             if ends.first:
                 if ends.last is None:
                     assert self._last is not None
                     ends.last = self._row(self._last, 0)
-                raise early_end_error(flag, ends.first[0], ends.last, ends.count)
+                raise early_end_error(flag, at(ends.first[0]), at(ends.last), ends.count)
 
     def _with_last(self, table: pa.Table) -> _Batch:
         def column(name: str) -> np.ndarray:
@@ -168,7 +209,7 @@ class Scan:
             pos=column("pos"),
             flags={flag: column(flag) for flag in FLAGS},
             task=column("task") if has_task else None,
-            eps=table.column("eps").combine_chunks() if self._string_ids else None,
+            eps=table.column("eps").combine_chunks() if "eps" in table.column_names else None,
             carried=False,
         )
         last = self._last
@@ -185,13 +226,11 @@ class Scan:
             carried=True,
         )
 
-    def _row(self, rows: _Batch, row: int) -> RowAt:
+    def _row(self, rows: _Batch, row: int) -> _Raw:
         eps_id: int | str = int(rows.key[row]) if rows.eps is None else rows.eps[row].as_py()
-        module = None
-        if self._module_names is not None and rows.module is not None:
-            module = self._module_names[int(rows.module[row])]
-        file = int(np.searchsorted(self._file_starts, rows.pos[row], side="right")) - 1
-        return RowAt(episode_label(eps_id, module), int(rows.t[row]), self._files[file])
+        module = None if rows.module is None else int(rows.module[row])
+        file = bisect.bisect_right(self._file_starts, int(rows.pos[row])) - 1
+        return _Raw(eps_id, module, int(rows.t[row]), self._files[file])
 
     def _find_repeats(self, rows: _Batch, repeated: np.ndarray) -> None:
         """Count repeating rows; list the first keys repeated, each with its rows' files."""
@@ -203,12 +242,12 @@ class Scan:
             at = self._base + pair
             if found.shown and at == found.last_pair + 1:
                 last = found.shown[-1]
-                files = tuple(dict.fromkeys((*last.files, self._row(rows, pair + 1).file)))
-                found.shown[-1] = Repeat(last.first, last.rows + 1, files)
+                last.files = tuple(dict.fromkeys((*last.files, self._row(rows, pair + 1).file)))
+                last.rows += 1
             elif len(found.shown) < SHOWN_DUPLICATES:
                 first, second = self._row(rows, pair), self._row(rows, pair + 1)
                 files = tuple(dict.fromkeys((first.file, second.file)))
-                found.shown.append(Repeat(first, 2, files))
+                found.shown.append(_Repeated(first, 2, files))
             else:
                 found.listed = True
                 return

@@ -50,29 +50,51 @@ def check_sorted_episodes(
     memory_bytes: int,
 ) -> EpisodeIds:
     """``check_episodes`` in about ``memory_bytes`` of memory plus one row group's id
-    columns, spilling sorted runs to a temporary directory that is removed on return and on
-    error."""
-    run_bytes = max(1, memory_bytes // _SORTS_HELD)
+    columns. Rows already in order (int64 ids, as writers produce them) are checked as they
+    are read; otherwise sorted runs are spilled to a temporary directory that is removed on
+    return and on error."""
     ids = _Ids(resolved, schema)
-    with tempfile.TemporaryDirectory(prefix=_SCRATCH_PREFIX) as scratch:
-        ordered = _episode_order(ids, run_bytes, Path(scratch))
-        with contextlib.closing(ordered):
-            scan: Scan | None = None
-            for table in ordered:
-                if scan is None:
-                    # The ids were all read before the sort yields: the codes are final.
-                    scan = Scan(
-                        files=resolved.files,
-                        file_starts=np.asarray(ids.file_starts, np.int64),
-                        module_names=ids.modules.names if len(ids.modules.used) > 1 else None,
-                        task_names=ids.tasks.names if schema.has_task_id else None,
-                        string_ids=ids.string_ids,
-                    )
-                scan.feed(table)
+    scan = _scan_in_file_order(ids)
     if scan is None:
-        return EpisodeIds(0, ids.task_ids(set()), ids.module_ids())
-    scan.refuse(resolved.description, allow_partial_episodes=allow_partial_episodes)
+        ids = _Ids(resolved, schema)
+        scan = _new_scan(ids)
+        run_bytes = max(1, memory_bytes // _SORTS_HELD)
+        with tempfile.TemporaryDirectory(prefix=_SCRATCH_PREFIX) as scratch:
+            ordered = _episode_order(ids, run_bytes, Path(scratch))
+            with contextlib.closing(ordered):
+                for table in ordered:
+                    scan.feed(table)
+    scan.refuse(
+        resolved.description,
+        allow_partial_episodes=allow_partial_episodes,
+        several_modules=len(ids.modules.used) > 1,
+    )
     return EpisodeIds(scan.eps_ids, ids.task_ids(scan.tasks_at_starts), ids.module_ids())
+
+
+def _new_scan(ids: _Ids) -> Scan:
+    return Scan(
+        files=ids.resolved.files,
+        file_starts=ids.file_starts,
+        module_names=ids.modules.names if ids.schema.has_module_id else None,
+        task_names=ids.tasks.names if ids.schema.has_task_id else None,
+    )
+
+
+def _scan_in_file_order(ids: _Ids) -> Scan | None:
+    """The checks over the rows as the files hold them; None as soon as a row comes before
+    the one read just before it, or for string ids (ordered by first appearance, which only
+    a sort can confirm)."""
+    scan = _new_scan(ids)
+    tables = ids.tables()
+    with contextlib.closing(tables):
+        for table in tables:
+            if "eps" in table.column_names:
+                return None
+            scan.feed(table)
+            if not scan.in_order:
+                return None
+    return scan
 
 
 class _Codes:

@@ -138,3 +138,25 @@ def test_no_spill_file_is_left_behind(tmp_path, spills, fault):
     assert len(spills) > external_sort.GROUPS_PER_RUN
     assert all(path.is_relative_to(tmp_path / "tmp") for path in spills)
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_rows_already_in_order_are_checked_without_spilling(tmp_path, spills):
+    """Int64 ids written episode after episode (as writers do) need no sort, even when an
+    episode goes on in the next file."""
+    table = _dataset(pa.int64(), 2).sort_by([("eps_id", "ascending"), ("module_id", "ascending")])
+    for part, start in enumerate(range(0, table.num_rows, 70)):
+        pq.write_table(table.slice(start, 70), tmp_path / f"part-{part}.parquet", row_group_size=9)
+    gap = table.filter(pa.array(np.arange(table.num_rows) != 102))
+    pq.write_table(gap, tmp_path / "gap.parquet", row_group_size=9)
+    (tmp_path / "in-order").mkdir()
+    for part in range(4):
+        (tmp_path / f"part-{part}.parquet").rename(tmp_path / "in-order" / f"part-{part}.parquet")
+    (tmp_path / "with-gap").mkdir()
+    (tmp_path / "gap.parquet").rename(tmp_path / "with-gap" / "gap.parquet")
+
+    summary = (EPISODES * STEPS * 2, EPISODES, ("a", "b", "c"), ("m0", "m1"))
+    assert _outcome(tmp_path / "in-order", BOUNDED_MB) == summary
+    refused = _outcome(tmp_path / "with-gap", VALIDATION_MEMORY_MB)
+    assert _outcome(tmp_path / "with-gap", BOUNDED_MB) == refused
+    assert " jumps from t " in refused
+    assert spills == []
