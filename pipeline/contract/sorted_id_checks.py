@@ -1,13 +1,17 @@
-"""The id checks in memory bounded independently of the row count: an external sort by
-``(eps_id, module, t)``, then one pass over the sorted rows.
+"""The id checks in memory bounded independently of the row count: one pass over the rows
+in ``(eps_id, module, t)`` order, as the files hold them or after an external sort.
 
 ``pipeline.contract.id_checks`` holds every row's ids at once (about 80 bytes a row) and
 hands a dataset over here when that would not fit its budget. Here the id columns are read
 one row group at a time into narrow tables (``key``, ``module``, ``t``, ``pos``: the row's
-place in file order, the flags, ``task``: about 34 bytes a row), sorted by
-``pipeline.writes.external_sort`` in runs of a quarter of the budget spilled to a
-temporary directory (always removed), and scanned in that order, keeping only the last row
-and the first finding of each kind, so memory stays near the budget whatever the row count.
+place in file order, the flags, ``task``: about 34 bytes a row) and scanned
+(``pipeline.contract.id_scan``), keeping only the last row and the first finding of each
+kind. Rows are first scanned as they are read: int64 ids written episode after episode, as
+writers and ``compact`` produce them, pass in one read. At the first row that comes before
+the one read just before it (or for string ids) the scan is dropped, and the rows are read
+again and sorted by ``pipeline.writes.external_sort`` in runs of a quarter of the budget,
+spilled to a temporary directory that is always removed; memory stays near the budget
+whatever the row count.
 
 The order is the in-memory checks' order, so both report the same first findings in the
 same words: int64 ``eps_id`` values are their own key; string ids sort by the position of
