@@ -8,10 +8,11 @@ An episode may span files, so the checks see every file's ``eps_id``, ``t``, fla
 ``task_id`` and ``module_id``. Here, while ``rows * IN_MEMORY_BYTES_PER_ROW`` fits the
 budget (``data.validation_memory_mb``), they are held at once: string ids are
 dictionary-encoded (codes in order of first appearance, int64 episode ids are their own
-codes), rows are put in ``(eps_id, module, t)`` order by one stable sort of a combined int64 key (skipped when the
-rows already are in that order, as writers produce them), and every rule is a comparison of
-neighbouring rows. Larger datasets go to ``pipeline.contract.sorted_id_checks``, which finds
-the same in bounded memory. Tensor columns are never read.
+codes), rows are put in ``(eps_id, module, t)`` order by one stable sort of a combined
+int64 key (skipped when the rows already are in that order, as writers produce them), and
+every rule is a comparison of neighbouring rows. Larger datasets go to
+``pipeline.contract.sorted_id_checks``, which finds the same in bounded memory. Tensor
+columns are never read.
 
 Always refused: a repeated ``(module_id, eps_id, t)`` and an episode whose ``task_id``
 changes. Refused unless ``allow_partial_episodes``: an episode that does not start at
