@@ -133,8 +133,8 @@ def test_rollouts_of_held_out_tasks_without_parameters_are_refused(
         inspect_datasets(cfg)
     assert str(refused.value) == (
         f"held-out dataset {heldout}: dataset.json describes no task parameters ('tasks'); "
-        "point_robot rollouts need each task's parameters (or set "
-        "evaluation.rollout_episodes to 0)"
+        "point_robot rollouts need each task's parameters (name the columns that hold them in "
+        "evaluation.task_params_columns, or set evaluation.rollout_episodes to 0)"
     )
     inspect_datasets(
         tiny_config(data, tmp_path, [f"data.heldout={heldout}", "evaluation.rollout_episodes=0"])
