@@ -32,6 +32,7 @@ def test_offmeta_run_reports_returns_and_success_in_the_user_s_env(tmp_path: Pat
     data = tmp_path / "line_world"
     generate(LineWorldTasks(), data, tasks=12, heldout_tasks=4, seed=0)
     work = tmp_path / "work"
+    work.mkdir()
     document = tiny_document(
         data,
         work,
