@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,6 +26,7 @@ from pipeline.synthetic import generate
 from pipeline.synthetic.point_robot_env import PointRobotGoalEnv, point_robot_env
 from tests.helpers.flow_runs import tiny_config, tiny_point_robot
 from tests.helpers.line_world import LineEnv, LineWorldTasks
+from tests.helpers.tolerances import largest, rounding_tolerance
 
 ENV = "tests.helpers.line_world:line_env"
 PART = "part-00000.parquet"
@@ -289,3 +291,41 @@ def test_discrete_actions_are_the_argmax_unless_sampled() -> None:
     sampled = PolicyActions(model, LineEnv(0).action_space, True, generator)
     drawn = sampled.shared(params)(observed)
     assert set(drawn.tolist()) <= {0, 1, 2} and len(set(drawn.tolist())) > 1
+
+
+class _Gaussian(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mean = nn.Linear(2, 2)
+        self.log_std = nn.Parameter(torch.zeros(2))
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        mean = self.mean(obs)
+        return {"mean": mean, "log_std": self.log_std.expand_as(mean)}
+
+
+def test_continuous_actions_are_the_head_mean_unless_sampled() -> None:
+    model = _Gaussian()
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    space = PointRobotGoalEnv((0.0, 1.0)).action_space
+    obs = np.random.default_rng(0).normal(size=(16, 2)).astype(np.float32)
+    observed = Observed(obs, np.arange(16), [{}] * 16)
+    mean = model(torch.from_numpy(obs))["mean"].detach().numpy()
+    greedy = PolicyActions(model, space, False, torch.Generator().manual_seed(0))
+    np.testing.assert_array_equal(greedy.shared(params)(observed), mean)
+    sampled = PolicyActions(model, space, True, torch.Generator().manual_seed(0))
+    drawn = sampled.shared(params)(observed)
+    noise = torch.randn((16, 2), generator=torch.Generator().manual_seed(0)).numpy()
+    # One float32 product (by exp(0) = 1) and one sum, in torch against numpy.
+    tolerance = rounding_tolerance(np.float32, magnitude=largest([mean, noise]), ops=2)
+    np.testing.assert_allclose(drawn, mean + noise, rtol=0, atol=tolerance)
+
+
+def test_other_action_spaces_are_refused() -> None:
+    space = gym.spaces.MultiBinary(3)
+    with pytest.raises(ValueError) as refused:
+        PolicyActions(_Logits(), space, False, torch.Generator())
+    assert str(refused.value) == (
+        "evaluation rollouts act in Box or Discrete action spaces; the environment's is "
+        "MultiBinary(3)"
+    )
