@@ -242,13 +242,50 @@ class EvaluationConfig(BaseModel):
     rollout_episodes: int = Field(
         10,
         ge=0,
-        description="Episodes per held-out task rolled out in the task's environment, when the "
-        "dataset's generator has one (point_robot); 0 skips rollouts.",
+        description="Episodes per held-out task rolled out in the task's environment "
+        "(evaluation.env, or the point robot's); 0 skips rollouts.",
     )
     rollout_adapt_steps: int = Field(
         5, ge=1, description="Inner steps on the task's support transitions before rollouts."
     )
     seed: int = Field(0, ge=0, description="Seed of the held-out samples and rollout starts.")
+    env: str | None = Field(
+        None,
+        description="The held-out tasks' Gymnasium environment, 'package.module:callable', "
+        "called as callable(task_id, params, **env_kwargs) for each task (docs/evaluation.md); "
+        "null: the point robot's for point_robot datasets, no rollouts for others.",
+    )
+    env_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of every evaluation.env call."
+    )
+    task_params_columns: tuple[str, ...] | None = Field(
+        None,
+        description="Columns of the held-out rows whose values (one per task) are the params "
+        "of evaluation.env; null: the task's entry in dataset.json 'tasks'.",
+    )
+    sample: bool = Field(
+        False,
+        description="Roll out actions sampled from the policy head instead of its mean "
+        "(continuous) or argmax (discrete).",
+    )
+    max_episode_steps: int = Field(
+        1000, ge=1, description="Rollout episodes still running after this many steps are cut."
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _import_path(cls, env: str | None) -> str | None:
+        module, sep, name = (env or "").partition(":")
+        if env is not None and not (sep and module and name):
+            raise ValueError(f"expected 'package.module:callable', got {env!r}")
+        return env
+
+    @field_validator("task_params_columns")
+    @classmethod
+    def _some_columns(cls, columns: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if columns is not None and not columns:
+            raise ValueError("expected at least one column, or null for dataset.json 'tasks'")
+        return columns
 
     @field_validator("steps")
     @classmethod

@@ -4,11 +4,14 @@ Two measures, both on tasks the learner never trained on:
 
 - query loss after 0, 1, 5, 10 inner steps on each task's K support transitions
   (``MetaLearner.evaluate_tasks``, the same inner rule as training), kept per task;
-- for datasets whose generator has an environment (point_robot), the mean return of
-  rollouts with each task's goal: the unadapted meta-policy, the policy adapted on that
-  task's support transitions, and the noise-free expert; beside them the mean episode return
-  of the held-out data itself (the behaviour policy), to tell improvement from imitation;
-  also the few episodes ``rollouts.png`` draws (``flows.evaluation.trajectories``).
+- when the held-out tasks have an environment (``evaluation.env``, or the point robot's for
+  point_robot data: ``flows.evaluation.environments``), ``rollout_episodes`` episodes per
+  task of the unadapted meta-policy, of the policy adapted on that task's support
+  transitions and, when the environment reports one, of its expert
+  (``flows.evaluation.task_rollouts``): mean return ± standard error across tasks, success
+  rate and episode length; beside them the mean episode return of the held-out data itself
+  (the behaviour policy), to tell improvement from imitation; also what ``rollouts.png``
+  draws (``flows.evaluation.trajectories``).
 
 Each held-out task contributes exactly one sample of K support + Q query transitions,
 drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.
@@ -17,23 +20,19 @@ drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
-from torch.func import functional_call, vmap
 
-from flows.config import EvaluationConfig, MetaTrainConfig
-from flows.evaluation.trajectories import TRAJECTORIES
-from flows.stages.task_checks import environment_name
+from flows.config import MetaTrainConfig
+from flows.evaluation.environments import heldout_envs
+from flows.evaluation.task_rollouts import roll_out_tasks
+from flows.evaluation.trajectories import trajectories_of
 from learners.meta.learner import MetaLearner
-from learners.meta.meta_batch import task_slice
-from learners.models.factory import build_model
 from pipeline.reads.episodes import Episodes
 from pipeline.streams.collate import finalize
-from pipeline.synthetic.point_robot import expert_actions, rollout_returns
 from pipeline.tasks.samples import task_samples
 
 _log = logging.getLogger(__name__)
@@ -53,6 +52,7 @@ class EvaluationReport:
     """Mean episode return of the ``unadapted``, ``adapted`` and ``expert`` policies, and of
     the held-out data's episodes (``behavior``)."""
     environment: str | None = None
+    """The environment rolled out in: ``evaluation.env``, or the dataset's (point_robot)."""
     rollout_episodes: int = 0
     """Episodes per task in each policy's mean."""
     rollout_adapt_steps: int = 0
@@ -60,6 +60,13 @@ class EvaluationReport:
     """The held-out tasks evaluated, in the order of ``query_loss_per_task``."""
     query_loss_per_task: dict[int, list[float]] = field(default_factory=dict)
     """Inner steps -> each task's query loss (``adaptation.png``: mean ± standard error)."""
+    return_stderr: dict[str, float | None] | None = None
+    """Standard error across tasks of each rolled-out policy's return (None: one task)."""
+    success: dict[str, float] | None = None
+    """Each rolled-out policy's share of successful episodes (``info["success"]`` or
+    ``info["is_success"]`` at any step); None when the environment reports neither."""
+    episode_length: dict[str, float] | None = None
+    """Each rolled-out policy's mean episode length in steps."""
     trajectories: dict[str, Any] | None = field(default=None, repr=False)
     """Episodes on a few goals for ``rollouts.png`` (``flows.evaluation.trajectories``); stored as
     rollouts.json, left out of ``to_dict``."""
@@ -69,6 +76,13 @@ class EvaluationReport:
         flat = {f"heldout_query_loss_{steps}_steps": v for steps, v in self.query_loss.items()}
         for policy, value in (self.returns or {}).items():
             flat[f"heldout_return_{policy}"] = value
+        for policy, error in (self.return_stderr or {}).items():
+            if error is not None:
+                flat[f"heldout_return_stderr_{policy}"] = error
+        for policy, rate in (self.success or {}).items():
+            flat[f"heldout_success_{policy}"] = rate
+        for policy, length in (self.episode_length or {}).items():
+            flat[f"heldout_episode_length_{policy}"] = length
         return flat
 
     def table(self) -> list[dict[str, str]]:
@@ -82,19 +96,36 @@ class EvaluationReport:
                 {"measure": f"query loss, {label}", "value": f"{loss:.4g}", "change": change}
             )
         if self.returns is not None:
+            errors = self.return_stderr or {}
             base = self.returns["unadapted"]
             for policy, value in self.returns.items():
-                label = policy
-                if policy == "adapted":
-                    steps = self.rollout_adapt_steps
-                    label += f" ({steps} step{'s' * (steps != 1)})"
-                elif policy == "behavior":
-                    label = "behavior data"
                 change = "" if policy == "unadapted" else f"{value - base:+.3g}"
+                shown = f"{value:.4g}"
+                if errors.get(policy) is not None:
+                    shown += f" ± {errors[policy]:.2g}"
                 rows.append(
-                    {"measure": f"return, {label}", "value": f"{value:.4g}", "change": change}
+                    {"measure": f"return, {self._label(policy)}", "value": shown, "change": change}
+                )
+        for measure, values, digits in (
+            ("success rate", self.success, ".2f"),
+            ("episode length", self.episode_length, ".4g"),
+        ):
+            for policy, value in (values or {}).items():
+                change = "" if policy == "unadapted" else f"{value - values['unadapted']:+{digits}}"
+                rows.append(
+                    {
+                        "measure": f"{measure}, {self._label(policy)}",
+                        "value": f"{value:{digits}}",
+                        "change": change,
+                    }
                 )
         return rows
+
+    def _label(self, policy: str) -> str:
+        if policy == "adapted":
+            steps = self.rollout_adapt_steps
+            return f"adapted ({steps} step{'s' * (steps != 1)})"
+        return "behavior data" if policy == "behavior" else policy
 
     def format(self) -> str:
         """The table as aligned text, with a title line."""
@@ -128,6 +159,8 @@ class EvaluationReport:
         line = f"held-out evaluation on {self.tasks} tasks: query loss {', '.join(losses)}"
         if self.returns is not None:
             line += "; return " + ", ".join(f"{k} {v:.4g}" for k, v in self.returns.items())
+        if self.success is not None:
+            line += "; success " + ", ".join(f"{k} {v:.2f}" for k, v in self.success.items())
         return line
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,100 +199,48 @@ def evaluate(
     meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
     meta_batch = finalize(meta_batch, learner.device)
     per_task = learner.evaluate_tasks(meta_batch, steps=settings.steps)
-    environment = environment_name(heldout.metadata)
-    rollouts = _ENVIRONMENTS.get(environment) if settings.rollout_episodes > 0 else None
-    returns = trajectories = None
-    if rollouts is not None:
-        described = heldout.metadata.get("tasks") or {}
-        missing = [task_id for task_id in task_ids if task_id not in described]
-        if missing:
-            raise ValueError(
-                f"held-out dataset {heldout.root}: dataset.json describes no parameters for "
-                f"task {missing[0]!r} ({len(missing)} such tasks); {environment} rollouts need "
-                "each task's parameters (or set evaluation.rollout_episodes to 0)"
-            )
-        returns = rollouts(learner, meta_batch, [described[t] for t in task_ids], settings)
-        returns["behavior"] = _behavior_return(samples.arrays["rewards"], heldout.num_episodes)
-        trajectories = TRAJECTORIES[environment](
-            learner, meta_batch, task_ids, [described[t] for t in task_ids], settings, heldout
-        )
     report = EvaluationReport(
         tasks=len(task_ids),
         support=cfg.tasks.support,
         query=cfg.tasks.query,
         query_loss={steps: float(losses.mean()) for steps, losses in per_task.items()},
-        returns=returns,
-        environment=environment if returns is not None else None,
-        rollout_episodes=settings.rollout_episodes if returns is not None else 0,
-        rollout_adapt_steps=settings.rollout_adapt_steps if returns is not None else 0,
         task_ids=tuple(task_ids),
         query_loss_per_task={steps: losses.tolist() for steps, losses in per_task.items()},
-        trajectories=trajectories,
+        **_rollout_fields(cfg, learner, meta_batch, task_ids, samples.arrays["rewards"], heldout),
     )
     # One line: `offmeta run` prints the whole table once, after the run.
     logger.info("%s", report.summary())
     return report
 
 
-Rollouts = Callable[
-    [MetaLearner, Mapping[str, Any], list[dict[str, Any]], EvaluationConfig], dict[str, float]
-]
-
-
-def _point_robot_returns(
+def _rollout_fields(
+    cfg: MetaTrainConfig,
     learner: MetaLearner,
     meta_batch: Mapping[str, Any],
-    tasks: list[dict[str, Any]],
-    settings: EvaluationConfig,
-) -> dict[str, float]:
-    """Mean return per episode of each policy, ``rollout_episodes`` episodes per task."""
-    (module,) = learner.config.data_modules  # the policy: the module that reads its own rows
-    model = build_model(learner.config.modules[module]).to(learner.device)
-    support = meta_batch["support"]
-    adapted = [
-        learner.adapt(None, task_slice(support, i), steps=settings.rollout_adapt_steps)[module]
-        for i in range(len(tasks))
-    ]
-    episodes = settings.rollout_episodes
-    per_episode = {
-        name: torch.stack([a[name] for a in adapted]).repeat_interleave(episodes, dim=0)
-        for name in adapted[0]
-    }
-    meta = {name: p.detach() for name, p in learner.meta_params[module].items()}
-    dtype = next(iter(meta.values())).dtype
-    goals = np.repeat(np.array([t["goal"] for t in tasks], dtype=np.float64), episodes, axis=0)
-
-    def act(params: Mapping[str, torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, dict(params), (obs,))
-        return out["mean"] if isinstance(out, dict) else out
-
-    one_row = vmap(lambda params, obs: act(params, obs[None])[0])
-
-    def run(policy: Callable[[torch.Tensor], torch.Tensor]) -> float:
-        def numpy_policy(obs: np.ndarray) -> np.ndarray:
-            with torch.no_grad():
-                inputs = torch.from_numpy(obs).to(device=learner.device, dtype=dtype)
-                return policy(inputs).cpu().numpy()
-
-        return float(rollout_returns(numpy_policy, goals, seed=settings.seed).mean())
-
-    expert_rng = np.random.default_rng(settings.seed)
-    expert = float(
-        rollout_returns(
-            lambda obs: expert_actions(obs, goals, expert_rng, noise_std=0.0, random_fraction=0.0),
-            goals,
-            seed=settings.seed,
-        ).mean()
-    )
+    task_ids: Sequence[str],
+    rewards: np.ndarray,
+    heldout: Episodes,
+) -> dict[str, Any]:
+    """The report's rollout fields; none without an environment to roll out in."""
+    envs = heldout_envs(cfg, heldout)
+    if envs is None:
+        return {}
+    settings = cfg.evaluation
+    rollouts = roll_out_tasks(learner, meta_batch, task_ids, envs, settings)
+    stats = rollouts.stats()
+    returns = {policy: s.mean_return for policy, s in stats.items()}
+    returns["behavior"] = _behavior_return(rewards, heldout.num_episodes)
+    success = {p: s.success_rate for p, s in stats.items() if s.success_rate is not None}
     return {
-        "unadapted": run(lambda obs: act(meta, obs)),
-        "adapted": run(lambda obs: one_row(per_episode, obs)),
-        "expert": expert,
+        "returns": returns,
+        "environment": envs.name,
+        "rollout_episodes": settings.rollout_episodes,
+        "rollout_adapt_steps": settings.rollout_adapt_steps,
+        "return_stderr": {policy: s.return_stderr for policy, s in stats.items()},
+        "success": success or None,
+        "episode_length": {policy: s.mean_length for policy, s in stats.items()},
+        "trajectories": trajectories_of(rollouts, settings, heldout),
     }
-
-
-_ENVIRONMENTS: dict[str, Rollouts] = {"point_robot": _point_robot_returns}
-"""Generator name (``dataset.json`` ``generator.name``) -> its evaluation rollouts."""
 
 
 def _behavior_return(rewards: np.ndarray, episodes: int) -> float:

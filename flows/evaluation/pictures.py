@@ -3,8 +3,10 @@
 - ``adaptation.png`` / ``adaptation.json``: held-out query loss against inner steps, mean ±
   standard error across tasks, for this version and, when it was warm-started, its parent
   (from the parent's ``evaluation.json``) on the same axes;
-- ``rollouts.png`` / ``rollouts.json``: for environments the evaluation rolls out, the
-  episodes of ``flows.evaluation.trajectories`` on four held-out goals, one panel per goal.
+- ``rollouts.png`` / ``rollouts.json``: for environments the evaluation rolls out, the data of
+  ``flows.evaluation.trajectories``: the paths of the episodes on four held-out tasks, one
+  panel per task, when the environment reports positions; otherwise each task's mean
+  return, unadapted against adapted.
 
 The learning curve (``learning_curve.png``) is the artifact store's, drawn from the history
 (``pipeline.artifacts.plots``). Pictures are drawn from the JSON data alone, on the same fixed
@@ -101,7 +103,10 @@ def draw_adaptation(data: Mapping[str, Any]) -> bytes:
 
 def draw_rollouts(data: Mapping[str, Any]) -> bytes:
     """``rollouts.png`` from a ``flows.evaluation.trajectories`` result (plus a ``title``): one
-    panel per goal with each policy's path and return, the start and the goal marked."""
+    panel per task with each policy's path and return, the start and the goal (when known)
+    marked; or, without paths, the per-task returns."""
+    if "goals" not in data:
+        return _draw_task_returns(data)
     goals = data["goals"]
     columns = 2 if len(goals) > 1 else 1
     rows = math.ceil(len(goals) / columns)
@@ -129,10 +134,12 @@ def _draw_goal(ax: Any, goal: Mapping[str, Any], adapt_steps: int) -> None:
         ax.plot(xs, ys, linewidth=1.8, label=f"{name}: {episode['return']:.2f}", **style)
     start = next(iter(goal["policies"].values()))["positions"][0]
     ax.plot(*start, marker="o", color="black", markersize=6, linestyle="none", label="start")
-    ax.plot(
-        *goal["goal"], marker="*", color="tab:red", markersize=14, linestyle="none", label="goal"
-    )
-    ax.set_title(f"task {goal['task_id']}, goal ({goal['goal'][0]:.2f}, {goal['goal'][1]:.2f})")
+    target = goal["goal"]
+    if target is not None and len(target) == 2:
+        ax.plot(*target, marker="*", color="tab:red", markersize=14, linestyle="none", label="goal")
+        ax.set_title(f"task {goal['task_id']}, goal ({target[0]:.2f}, {target[1]:.2f})")
+    else:
+        ax.set_title(f"task {goal['task_id']}")
     ax.set_aspect("equal", adjustable="datalim")
     ax.grid(alpha=0.3)
     # Below the panel: paths may cross any part of it.
@@ -144,6 +151,35 @@ def _draw_goal(ax: Any, goal: Mapping[str, Any], adapt_steps: int) -> None:
         bbox_to_anchor=(0.5, -0.08),
         ncols=2,
     )
+
+
+def _draw_task_returns(data: Mapping[str, Any]) -> bytes:
+    """Each task's mean return, one bar per policy, tasks side by side."""
+    tasks = data["tasks"]
+    policies = list(tasks[0]["returns"]) if tasks else []
+    figure = new_figure(*ROLLOUTS_PX)
+    ax = figure.subplots()
+    width = 0.8 / max(1, len(policies))
+    for index, policy in enumerate(policies):
+        name = f"adapted ({data['adapt_steps']} steps)" if policy == "adapted" else policy
+        values = [task["returns"][policy] for task in tasks]
+        mean = sum(values) / len(values)
+        ax.bar(
+            [row + (index - (len(policies) - 1) / 2) * width for row in range(len(tasks))],
+            values,
+            width=width,
+            label=f"{name}: mean {mean:.3g}",
+            color=POLICY_STYLES.get(policy, {}).get("color"),
+        )
+    ax.set_xticks(range(len(tasks)))
+    ax.set_xticklabels([task["task_id"] for task in tasks], rotation=90, fontsize="small")
+    ax.set_xlabel("held-out task")
+    ax.set_ylabel(f"mean return over {data['episodes']} episodes")
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    figure.suptitle(data["title"])
+    return png_bytes(figure)
 
 
 def _curve(label: str, spec: str | None, evaluation: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,96 +1,83 @@
-"""What the policies do on a few held-out goals: the data of ``rollouts.png``.
+"""What the policies do on the held-out tasks: the data of ``rollouts.png``.
 
-For environments the evaluation can roll out (point_robot), four held-out goals spread
-over the evaluated ones (by goal angle), and on each one episode of the unadapted
-meta-policy, of the policy adapted on that task's support transitions (the evaluation's
-inner rule and ``rollout_adapt_steps``) and of the noise-free expert, all from the same
-start (``evaluation.seed``), with their returns. For offline-RL data (held-out episodes
-carrying a ``behavior`` column) also the recorded episodes of those tasks: what the
-policies were learnt from.
+When the environment reports ``info["position"]``: up to four held-out tasks (spread by
+goal angle when the environment also reports a 2-D ``info["goal"]``, else over the
+evaluated order) and on each one episode of the unadapted meta-policy, of the policy
+adapted on that task's support transitions and, when reported, of the expert, all from the
+same start (``evaluation.seed``), with their paths and returns. For offline-RL data
+(held-out episodes carrying a ``behavior`` column) also the recorded episodes of those
+tasks: what the policies were learnt from.
+
+Otherwise every evaluated task's mean return under each policy (``rollout_episodes``
+episodes each).
 
 Everything returned is plain JSON (``rollouts.json``); ``flows.evaluation.pictures`` draws it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
-from torch.func import functional_call
 
 from flows.config import EvaluationConfig
-from learners.meta.learner import MetaLearner
-from learners.meta.meta_batch import task_slice
-from learners.models.factory import build_models
+from flows.evaluation.rollouts import roll_out
+from flows.evaluation.task_rollouts import TaskRollouts
 from pipeline.io.arrow_columns import decoded
 from pipeline.reads.episodes import Episodes
 from pipeline.streams.collate import column_array
-from pipeline.synthetic.point_robot import expert_actions, rollout_paths
 from pipeline.synthetic.point_robot_episodes import BEHAVIOR_COLUMN
 
 GOALS_SHOWN = 4
-"""Held-out goals in ``rollouts.png`` (all of them when fewer were evaluated)."""
+"""Held-out tasks drawn as paths in ``rollouts.png`` (all of them when fewer were evaluated)."""
 BEHAVIOR_EPISODES = 8
-"""Recorded episodes drawn per goal at most (the first by episode id)."""
+"""Recorded episodes drawn per task at most (the first by episode id)."""
 
 
-def point_robot_trajectories(
-    learner: MetaLearner,
-    meta_batch: Mapping[str, Any],
-    task_ids: Sequence[str],
-    tasks: Sequence[Mapping[str, Any]],
-    settings: EvaluationConfig,
-    heldout: Episodes,
+def trajectories_of(
+    rollouts: TaskRollouts, settings: EvaluationConfig, heldout: Episodes
 ) -> dict[str, Any]:
-    """``rollouts.json`` for the evaluated ``task_ids`` (rows of ``meta_batch``) whose
-    ``dataset.json`` parameters are ``tasks``."""
-    chosen = _spread_goals([t["goal"] for t in tasks])
-    goals = np.array([tasks[i]["goal"] for i in chosen], dtype=np.float64)
-    # The policy: the module that reads its own rows (MACAW's value module reads the
-    # policy's and has no actions to roll out).
-    (module,) = learner.config.data_modules
-    spec = learner.config.modules[module]
-    model = build_models({module: spec}, seed=0)[module].to(learner.device)
-    meta = {name: p.detach() for name, p in learner.meta_params[module].items()}
-    support = meta_batch["support"]
-    adapted = [
-        learner.adapt(None, task_slice(support, i), steps=settings.rollout_adapt_steps)[module]
-        for i in chosen
-    ]
-    dtype = next(iter(meta.values())).dtype
-
-    def act(params: Mapping[str, torch.Tensor], obs: np.ndarray) -> np.ndarray:
-        inputs = torch.from_numpy(obs).to(device=learner.device, dtype=dtype)
-        with torch.no_grad():
-            out = functional_call(model, dict(params), (inputs,))
-        return (out["mean"] if isinstance(out, dict) else out).cpu().numpy()
-
-    def adapted_policy(obs: np.ndarray) -> np.ndarray:
-        return np.concatenate([act(adapted[row], obs[row : row + 1]) for row in range(len(obs))])
-
-    expert_rng = np.random.default_rng(settings.seed)
-    policies = {
-        "unadapted": lambda obs: act(meta, obs),
-        "adapted": adapted_policy,
-        "expert": lambda obs: expert_actions(
-            obs, goals, expert_rng, noise_std=0.0, random_fraction=0.0
-        ),
-    }
-    episodes = {name: rollout_paths(p, goals, seed=settings.seed) for name, p in policies.items()}
-    shown = [task_ids[i] for i in chosen]
-    behavior = _behavior_episodes(heldout, shown) if _has_behavior(heldout) else None
-    return {
-        "environment": "point_robot",
+    """``rollouts.json`` for the evaluated tasks of ``rollouts`` (module docstring)."""
+    policies = rollouts.policies
+    head = {
+        "environment": policies.envs.name,
         "adapt_steps": settings.rollout_adapt_steps,
         "seed": settings.seed,
+    }
+    first = rollouts.results["unadapted"]
+    if first.positions is None:
+        stats = rollouts.stats()
+        return {
+            **head,
+            "episodes": settings.rollout_episodes,
+            "tasks": [
+                {
+                    "task_id": task_id,
+                    "returns": {name: s.task_returns[row] for name, s in stats.items()},
+                }
+                for row, task_id in enumerate(policies.task_ids)
+            ],
+        }
+    goals = None if first.goals is None else first.goals[:: settings.rollout_episodes]
+    chosen = _spread(goals, len(policies.task_ids))
+    shown = [policies.task_ids[i] for i in chosen]
+    envs = [policies.envs.make(task_id) for task_id in shown]
+    episodes = {
+        name: roll_out(envs, policy, seed=settings.seed, max_steps=settings.max_episode_steps)
+        for name, policy in policies.policies(chosen).items()
+    }
+    for env in envs:
+        env.close()
+    behavior = _behavior_episodes(heldout, shown) if _has_behavior(heldout) else None
+    return {
+        **head,
         "goals": [
             {
                 "task_id": task_id,
-                "goal": goals[row].tolist(),
+                "goal": None if goals is None else goals[chosen[row]].tolist(),
                 "policies": {
                     name: {
                         "positions": run.positions[row].tolist(),
@@ -103,6 +90,14 @@ def point_robot_trajectories(
             for row, task_id in enumerate(shown)
         ],
     }
+
+
+def _spread(goals: np.ndarray | None, tasks: int) -> list[int]:
+    """Tasks to draw: spread by goal angle when 2-D goals are known, else by task order."""
+    if goals is not None and goals.shape[1:] == (2,):
+        return _spread_goals(goals.tolist())
+    picks = np.round(np.linspace(0, tasks - 1, min(GOALS_SHOWN, tasks))).astype(int)
+    return list(dict.fromkeys(picks.tolist()))
 
 
 def _spread_goals(goals: Sequence[Sequence[float]]) -> list[int]:
@@ -160,7 +155,3 @@ def _behavior_episodes(heldout: Episodes, task_ids: Sequence[str]) -> dict[str, 
             }
         )
     return found
-
-
-TRAJECTORIES: dict[str, Callable[..., dict[str, Any]]] = {"point_robot": point_robot_trajectories}
-"""Generator name -> the function that rolls out its pictures' episodes."""

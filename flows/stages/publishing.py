@@ -203,8 +203,8 @@ def _picture_lines(ref: ArtifactRef, store_root: str) -> list[str]:
         "learning_curve.png": "training losses, gradient norm and learned inner learning rates "
         "by meta-iteration",
         "adaptation.png": "held-out query loss against inner steps (and the parent's)",
-        "rollouts.png": "episodes of the unadapted, adapted and expert policies on four "
-        "held-out goals",
+        "rollouts.png": "episodes of the unadapted, adapted (and expert) policies: paths on "
+        "four held-out tasks, or each task's return",
     }
     files = ArtifactStore(store_root).get(str(ref)).files
     lines = [

@@ -2,13 +2,13 @@
 
 The train stage cuts every task of the train dataset into samples of ``tasks.support +
 tasks.query`` transitions and deals ``tasks.meta_batch`` of them per meta-step to each
-learner; evaluation draws one such sample from each held-out task, of one module, and for
-an environment with rollouts (point_robot) needs every task's parameters from
-``dataset.json``; ``tasks.mode: stream`` needs the data sorted by task and every task
-within a window of ``tasks.memory_budget_mb``. Each of these is decided here from the
-footers, the id columns and ``dataset.json``, without Ray, so ``offmeta run`` refuses a
-mistake in a few seconds, in the config's own words, instead of after Ray and Prefect
-start (or after training, for the held-out checks).
+learner; evaluation draws one such sample from each held-out task, of one module, and
+rolls the tasks out in their environment (``flows.evaluation.environments``: the env
+factory must import and every task needs its parameters); ``tasks.mode: stream`` needs the
+data sorted by task and every task within a window of ``tasks.memory_budget_mb``. Each of
+these is decided here from the footers, the id columns and ``dataset.json``, without Ray,
+so ``offmeta run`` refuses a mistake in a few seconds, in the config's own words, instead
+of after Ray and Prefect start (or after training, for the held-out checks).
 
 ``check_task_sampling`` runs them all (``flows.stages.datasets`` calls it with its other
 checks); the stages keep their own checks for callers that skip this one.
@@ -17,20 +17,18 @@ checks); the stages keep their own checks for callers that skip this one.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flows.config import MetaTrainConfig
+from flows.evaluation.environments import heldout_envs
 from pipeline.contract.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
 from pipeline.io.arrow_columns import decoded
 from pipeline.reads.episodes import DatasetInfo
 
-ROLLOUT_ENVIRONMENTS = frozenset({"point_robot"})
-"""Environments whose held-out tasks evaluation rolls out (``flows.evaluation.heldout``,
-``flows.evaluation.trajectories.TRAJECTORIES``)."""
 _LISTED = 5
 _SIZE = "tasks.support + tasks.query"
 
@@ -45,12 +43,6 @@ def check_task_sampling(cfg: MetaTrainConfig, train: DatasetInfo, heldout: Datas
     _check_windows(cfg, train)
     _check_sizes(cfg, f"held-out dataset {heldout.root}", _group_sizes(heldout, modules))
     _check_evaluation(cfg, heldout)
-
-
-def environment_name(metadata: Mapping[str, Any]) -> str | None:
-    """The environment a dataset was generated in, from its ``dataset.json``."""
-    generator = metadata.get("generator") or {}
-    return generator.get("name") or metadata.get("id")
 
 
 def _group_sizes(info: DatasetInfo, modules: list[str]) -> dict[tuple[str, str], int]:
@@ -180,11 +172,4 @@ def _check_evaluation(cfg: MetaTrainConfig, heldout: DatasetInfo) -> None:
             f"trains on the rows of modules {modules}; expected one (learners.modules_to_update "
             "names the modules to train)"
         )
-    environment = environment_name(heldout.metadata)
-    rollouts = cfg.evaluation.rollout_episodes > 0 and environment in ROLLOUT_ENVIRONMENTS
-    if rollouts and not heldout.metadata.get("tasks"):
-        raise DatasetError(
-            f"held-out dataset {heldout.root}: dataset.json describes no task parameters "
-            f"('tasks'); {environment} rollouts need each task's parameters (or set "
-            "evaluation.rollout_episodes to 0)"
-        )
+    heldout_envs(cfg, heldout)

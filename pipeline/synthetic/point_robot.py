@@ -84,17 +84,22 @@ def expert_actions(
     noise_std: float,
     random_fraction: float,
 ) -> np.ndarray:
-    """The behaviour policy: head for the goal at full speed (or exactly onto it when
-    closer than one step), add Gaussian noise, replace a ``random_fraction`` of the
-    actions by uniform random ones, clip. Returns ``[N, 2]`` float32."""
-    to_goal = goals - obs
-    distance = np.linalg.norm(to_goal, axis=-1, keepdims=True)
-    step = to_goal * np.minimum(1.0, MAX_ACTION / np.maximum(distance, 1e-12))
+    """The behaviour policy: ``expert_step``, plus Gaussian noise, a ``random_fraction`` of
+    the actions replaced by uniform random ones, clipped. Returns ``[N, 2]`` float32."""
+    step = expert_step(obs, goals)
     actions = step + rng.normal(0.0, noise_std, size=step.shape)
     random = rng.uniform(-MAX_ACTION, MAX_ACTION, size=step.shape)
     replace = rng.random(len(step)) < random_fraction
     actions = np.where(replace[:, None], random, actions)
     return np.clip(actions, -MAX_ACTION, MAX_ACTION).astype(np.float32)
+
+
+def expert_step(obs: np.ndarray, goals: np.ndarray) -> np.ndarray:
+    """The noise-free expert's move, ``[N, 2]`` float64: head for the goal at full speed,
+    or exactly onto it when closer than one step."""
+    to_goal = goals - obs
+    distance = np.linalg.norm(to_goal, axis=-1, keepdims=True)
+    return to_goal * np.minimum(1.0, MAX_ACTION / np.maximum(distance, 1e-12))
 
 
 def rollout_returns(

@@ -229,6 +229,33 @@ def test_rollouts_are_one_panel_per_goal_at_a_fixed_size(behavior: bool) -> None
     assert draw_rollouts(json.loads(json.dumps(data))) == png
 
 
+def test_without_positions_the_rollouts_are_per_task_returns_at_a_fixed_size() -> None:
+    data = {
+        "title": "walker: held-out rollouts",
+        "environment": "my_sim.envs:make_env",
+        "adapt_steps": 2,
+        "seed": 0,
+        "episodes": 3,
+        "tasks": [
+            {"task_id": f"heldout-{i}", "returns": {"unadapted": -9.0 + i, "adapted": -3.0 - i}}
+            for i in range(6)
+        ],
+    }
+    png = draw_rollouts(data)
+    assert png_size(png) == ROLLOUTS_PX
+    assert draw_rollouts(json.loads(json.dumps(data))) == png
+    assert draw_rollouts({**data, "tasks": data["tasks"][::-1]}) != png
+
+
+def test_paths_without_a_goal_are_drawn_without_one() -> None:
+    data = {"title": "robot: held-out rollouts", **_trajectories(False)}
+    for goal in data["goals"]:
+        goal["goal"] = None
+    png = draw_rollouts(data)
+    assert png_size(png) == ROLLOUTS_PX
+    assert png != draw_rollouts({"title": "robot: held-out rollouts", **_trajectories(False)})
+
+
 def test_picture_files_pair_each_png_with_its_data() -> None:
     report = _report(LOSSES)
     assert [name for name, _ in picture_files("robot", report)] == [

@@ -15,9 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from flows.evaluation.trajectories import TRAJECTORIES
 from flows.stages.datasets import inspect_datasets
-from flows.stages.task_checks import ROLLOUT_ENVIRONMENTS
 from pipeline.contract.schema import DatasetError
 from tests.helpers.flow_runs import tiny_config, tiny_point_robot
 
@@ -135,16 +133,12 @@ def test_rollouts_of_held_out_tasks_without_parameters_are_refused(
         inspect_datasets(cfg)
     assert str(refused.value) == (
         f"held-out dataset {heldout}: dataset.json describes no task parameters ('tasks'); "
-        "point_robot rollouts need each task's parameters (or set "
-        "evaluation.rollout_episodes to 0)"
+        "point_robot rollouts need each task's parameters (name the columns that hold them in "
+        "evaluation.task_params_columns, or set evaluation.rollout_episodes to 0)"
     )
     inspect_datasets(
         tiny_config(data, tmp_path, [f"data.heldout={heldout}", "evaluation.rollout_episodes=0"])
     )
-
-
-def test_the_rollout_environments_are_those_evaluation_rolls_out() -> None:
-    assert set(TRAJECTORIES) == ROLLOUT_ENVIRONMENTS
 
 
 def test_streamed_task_samples_need_data_sorted_by_task(data: Path, tmp_path: Path) -> None:
