@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from flows.config import ConfigError, MetaTrainConfig, load_config
 from flows.process.console import permanent_failures_in_one_line
 from flows.process.prefect_api import PrefectApiError, check_api_answers, prefect_api_url
-from flows.process.runtime import set_quiet_environment
+from flows.process.prefect_server import PrefectApi
+from flows.process.runtime import ray_session, set_quiet_environment
 from flows.runs.run_dirs import RunDirError, check_resumable, find_resumable, read_run
 
 if TYPE_CHECKING:
@@ -97,19 +99,43 @@ def _run(args: argparse.Namespace) -> int:
     except RunDirError as error:
         print(f"offmeta run: --resume: {error}", file=sys.stderr)
         return 2
+    began = time.perf_counter()
+    set_quiet_environment()
+    # Prefect's temporary server takes ~10 s to boot and Ray a few: both start while the
+    # data is checked, instead of one after the other inside the flow.
+    try:
+        prefect = PrefectApi()
+    except PrefectApiError as error:
+        print(f"offmeta run: {error}", file=sys.stderr)
+        return 1
+    return _run_when_ready(cfg, resume, prefect, began)
+
+
+def _run_when_ready(
+    cfg: MetaTrainConfig, resume: str | None, prefect: PrefectApi, began: float
+) -> int:
     if not _data_fits(cfg) or not _networks_build(cfg):
         return 1
-    set_quiet_environment()
-    if not _api_answers("run", prefect_api_url()):
+    try:
+        prefect.resolve()
+    except PrefectApiError as error:
+        print(f"offmeta run: {error}", file=sys.stderr)
         return 1
     from flows.meta_train import meta_train
 
-    try:
-        with permanent_failures_in_one_line():
-            summary = meta_train(cfg, resume=resume)
-    except Exception as error:  # a permanent one is this line alone; others follow Prefect's log
-        print(f"offmeta run: failed: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
+    with ray_session(cfg.ray):
+        try:
+            prefect.wait()
+        except PrefectApiError as error:
+            print(f"offmeta run: {error}", file=sys.stderr)
+            return 1
+        before_flow = time.perf_counter() - began
+        try:
+            with permanent_failures_in_one_line():
+                summary = meta_train(cfg, resume=resume)
+        except Exception as error:  # a permanent one is this line alone; others follow Prefect's
+            print(f"offmeta run: failed: {type(error).__name__}: {error}", file=sys.stderr)
+            return 1
     if resume is not None:
         print(f"resumed {summary.run_dir} at iteration {summary.resumed_from or 0}")
     print()
@@ -119,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"published {summary.artifact}{lineage}: {summary.uri}")
     if summary.mirror is not None:
         print(summary.mirror)
+    print(summary.timings.line(before_flow, time.perf_counter() - began))
     return 0
 
 
