@@ -228,8 +228,8 @@ def _data_fits(cfg: MetaTrainConfig) -> bool:
 
 
 def _networks_build(cfg: MetaTrainConfig) -> bool:
-    """Build the networks of factories and conv encoders once before Ray and Prefect start
-    (user code, or images too small for the encoder, fail here in one line); False after
+    """Build the networks of factories and conv encoders once before Ray starts and the flow
+    runs (user code, or images too small for the encoder, fail here in one line); False after
     saying why. The built-in MLP is checked by the config alone."""
     modules = cfg.learners.meta_config().modules
     if all(

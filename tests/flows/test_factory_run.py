@@ -19,7 +19,7 @@ import torch
 
 from flows.cli import main
 from pipeline.artifacts import ArtifactStore, Manifest
-from pipeline.consumer import load_learner, predict
+from pipeline.consumer import LEARNER_JSON, load_learner, predict
 from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_session")
@@ -105,10 +105,9 @@ def _consumer(published: Published, out: Path, pythonpath: list[Path]):
 def test_the_manifest_holds_the_factory_path_and_kwargs(published: Published) -> None:
     model = published.manifest.config["learners"]["modules"][MODULE]["model"]
     assert (model["factory"], model["kwargs"]) == (FACTORY, {"width": 16})
-    state = json.loads(
-        ArtifactStore(published.root).read_file("sine-factory:1", "learner_state.json")
-    )
-    assert state["config"]["modules"][MODULE]["model"]["factory"] == FACTORY
+    saved = json.loads(ArtifactStore(published.root).read_file("sine-factory:1", LEARNER_JSON))
+    model = saved["state"]["config"]["modules"][MODULE]["model"]
+    assert (model["factory"], model["kwargs"]) == (FACTORY, {"width": 16})
 
 
 def test_a_fresh_process_rebuilds_the_network_with_the_same_predictions(
