@@ -5,9 +5,11 @@ validated before Prefect, Ray or torch is imported, so a typo costs a second, no
 start-up. ``run`` also checks both datasets against each other and the config
 (``flows.stages.datasets.inspect_datasets``, the checks of ``offmeta data validate``)
 and builds the networks of ``model.factory`` and ``model.encoder: conv`` once
-before it starts Ray or Prefect. Without ``PREFECT_API_URL`` Prefect starts a temporary
-local server for the run; with it, runs are recorded on that server, which must answer
-(``flows.process.prefect_api``) before anything starts.
+before it starts Ray or the flow. Without an API URL the run records to a temporary Prefect
+server, which boots in its own process while those checks run
+(``flows.process.prefect_server``); with ``PREFECT_API_URL`` set, that server must answer
+(``flows.process.prefect_api``) before anything else happens. The run ends with the
+seconds each stage took (``flows.stages.timings``).
 
 A run that fails on a permanent error (``flows.runs.retry_policy``) ends with one line, not
 Prefect's tracebacks (``flows.process.console``; ``OFFMETA_VERBOSE=1`` shows them).
