@@ -30,6 +30,14 @@ _GENERATOR_OPTIONS: dict[str, list[tuple[str, type, str]]] = {
         ),
         ("--random-share", float, "mixed: share of random-policy episodes per task (default 0.4)"),
     ],
+    "point_robot_pixels": [
+        ("--episodes-per-task", int, "expert episodes per goal (default 4)"),
+        ("--noise-std", float, "Gaussian noise on each expert action component (default 0.03)"),
+        ("--random-fraction", float, "fraction of random actions (default 0.1)"),
+        ("--image-size", int, "image height and width in pixels (default 32)"),
+        ("--blob-sigma", float, "standard deviation of the robot's blob in pixels (default 1)"),
+        ("--layout", str, "axis order of the stored images: CHW (default) or HWC"),
+    ],
 }
 
 
