@@ -12,6 +12,6 @@ rm -rf sinusoid/train sinusoid/heldout point_robot/train point_robot/heldout \
     --seed 0 --out point_robot
 "$OFFMETA" data generate point_robot --tasks 150 --heldout-tasks 40 --episodes-per-task 4 \
     --behavior mixed --random-share 0.5 --seed 0 --out point_robot_mixed
-"$OFFMETA" data generate point_robot_pixels --tasks 200 --heldout-tasks 50 \
-    --episodes-per-task 4 --image-size 32 --seed 0 --out point_robot_pixels
+"$OFFMETA" data generate point_robot_pixels --tasks 60 --heldout-tasks 20 \
+    --episodes-per-task 2 --image-size 32 --new-obs no --seed 0 --out point_robot_pixels
 du -sh .

@@ -16,6 +16,13 @@ from typing import Any, get_args
 
 from pipeline.contract.schema import CheckValues
 
+
+def _yes_no(text: str) -> bool:
+    if text not in ("yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")
+    return text == "yes"
+
+
 _GENERATOR_OPTIONS: dict[str, list[tuple[str, type, str]]] = {
     "sinusoid": [("--points", int, "points (rows) per task (default 20)")],
     "point_robot": [
@@ -37,6 +44,7 @@ _GENERATOR_OPTIONS: dict[str, list[tuple[str, type, str]]] = {
         ("--image-size", int, "image height and width in pixels (default 32)"),
         ("--blob-sigma", float, "standard deviation of the robot's blob in pixels (default 1)"),
         ("--layout", str, "axis order of the stored images: CHW (default) or HWC"),
+        ("--new-obs", _yes_no, "record new_obs: yes (default) or no (half the image bytes)"),
     ],
 }
 

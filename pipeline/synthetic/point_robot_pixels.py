@@ -71,6 +71,9 @@ class PointRobotPixelTasks:
     """Standard deviation of the robot's blob, in pixels."""
     layout: Literal["CHW", "HWC"] = "CHW"
     """Axis order of the stored images (``dataset.json`` ``observation_layout``)."""
+    new_obs: bool = True
+    """Record ``new_obs``; without it (the committed sample) the images take half the bytes,
+    and behaviour cloning never reads them."""
 
     name: ClassVar[str] = "point_robot_pixels"
     default_tasks: ClassVar[int] = 200
@@ -95,6 +98,7 @@ class PointRobotPixelTasks:
         return (
             f"Point robot reaching an unobserved goal on the upper unit half-circle, seen as "
             f"1x{size}x{size} grey images of the robot: noisy expert"
+            + ("" if self.new_obs else " (no new_obs)")
         )
 
     @property
@@ -121,7 +125,9 @@ class PointRobotPixelTasks:
         first_task: int,
     ) -> dict[str, np.ndarray]:
         columns = self._positions().episodes(rng, tasks, task_ids, first_task)
-        for name in ("obs", "new_obs"):
+        if not self.new_obs:
+            del columns["new_obs"]
+        for name in ("obs", "new_obs")[: 1 + self.new_obs]:
             columns[name] = render(
                 columns[name],
                 image_size=self.image_size,
