@@ -236,7 +236,7 @@ def _float_copy(source: Path, out: Path) -> Path:
     out.mkdir(parents=True)
     for path in sorted(source.glob("*.parquet")):
         table = pq.read_table(path)
-        for name in ("obs", "new_obs"):
+        for name in ("obs", "new_obs")[: 1 + ("new_obs" in table.column_names)]:
             images = table.column(name).combine_chunks().to_numpy_ndarray()
             scaled = np.ascontiguousarray(images, dtype=np.float32) / np.float32(255)
             column = pa.FixedShapeTensorArray.from_numpy_ndarray(scaled)
