@@ -13,11 +13,12 @@
    (``obs / 255``, written beside it), streamed as meta-batches through
    ``split_for_learners`` in this one run: image rows per second (finalize's conversion
    included for uint8) and the bytes of one meta-batch that cross from host to device
-   (every tensor finalize copies). Figures: rows/s uint8 against float32, and float32's
-   bytes per batch over uint8's (4x expected for the images, less for the whole batch).
+   (every tensor finalize copies), in ``--rounds`` alternating rounds. Figures: rows/s uint8
+   against float32 (median of per-round ratios), and float32's bytes per batch over uint8's
+   (4x for the images, a little less for the whole batch).
 
 Run: ``.venv/bin/python bench/pixels.py [--part learning|transfer|all] [--seeds 0 1 2]
-[--iterations N] [--no-record]``. Learning takes about 3 minutes per seed on the busy
+[--iterations N] [--rounds R] [--no-record]``. Learning takes about 3 minutes per seed on the busy
 2-core development machine; transfer under a minute.
 """
 
@@ -30,6 +31,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,6 @@ def learning(seeds: list[int], iterations: int | None, *, record: bool) -> None:
     """Part 1: train per seed, adapt on held-out support rows, roll out in the pixel env."""
     import torch
 
-    from bench.pixel_rollouts import heldout_rollouts
     from flows.process.runtime import ray_session
     from flows.stages.datasets import validate_datasets
     from flows.stages.train import train
@@ -98,6 +99,109 @@ def learning(seeds: list[int], iterations: int | None, *, record: bool) -> None:
                     flush=True,
                 )
     _report_learning(results, seconds, base, seeds, record=record)
+
+
+def heldout_rollouts(cfg: Any, learner_state: Mapping[str, Any], heldout: Any) -> dict[str, float]:
+    """Mean return and success rate of the unadapted and adapted policies, and the mean
+    return of the noise-free expert, over ``evaluation.rollout_episodes`` episodes of each
+    of ``evaluation.tasks`` held-out tasks. Each task's policy adapts on one support sample
+    of that task (the training inner rule); every policy then acts in ``make_env``
+    environments stepped in lockstep, one batch of observations per step through finalize,
+    as training saw them."""
+    import torch
+    from torch.func import functional_call, vmap
+
+    from learners.meta.learner import MetaLearner
+    from learners.meta.meta_batch import task_slice
+    from learners.models.mlp import build_model
+    from pipeline.streams.collate import finalize
+    from pipeline.synthetic.point_robot_pixels_env import make_env
+    from pipeline.tasks.samples import task_samples
+
+    settings = cfg.evaluation
+    learner = MetaLearner.from_state(learner_state, device=cfg.training.device)
+    samples = task_samples(heldout, support=cfg.tasks.support, query=cfg.tasks.query)
+    meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
+    layout = heldout.schema.obs_layout
+    support = finalize(meta_batch, learner.device, obs_layout=layout)["support"]
+    (module,) = learner.config.data_modules
+    adapted = [
+        learner.adapt(None, task_slice(support, i), steps=settings.rollout_adapt_steps)[module]
+        for i in range(len(task_ids))
+    ]
+    episodes = settings.rollout_episodes
+    per_episode = {
+        name: torch.stack([a[name] for a in adapted]).repeat_interleave(episodes, dim=0)
+        for name in adapted[0]
+    }
+    meta = {name: p.detach() for name, p in learner.meta_params[module].items()}
+    model = build_model(learner.config.modules[module]).to(learner.device)
+
+    def act(params: Mapping[str, Any], obs: Any) -> Any:
+        # The MLP reads images flattened per row, as the losses hand them to it.
+        return functional_call(model, dict(params), (obs.reshape(obs.shape[0], -1),))
+
+    one_row = vmap(lambda params, obs: act(params, obs[None])[0])
+    generator = heldout.metadata["generator"]["args"]
+    camera = {key: generator[key] for key in ("image_size", "blob_sigma", "layout")}
+    tasks = [heldout.metadata["tasks"][task_id] for task_id in task_ids]
+
+    goals = np.repeat(np.array([t["goal"] for t in tasks]), episodes, axis=0)
+
+    def run(policy: Callable[[Any], Any] | None) -> tuple[float, float]:
+        envs = [
+            make_env(task_id, params, **camera)
+            for task_id, params in zip(task_ids, tasks, strict=True)
+            for _ in range(episodes)
+        ]
+        return _lockstep(envs, policy, goals, learner.device, layout, settings.seed)
+
+    unadapted, success_unadapted = run(lambda obs: act(meta, obs))
+    adapted_return, success_adapted = run(lambda obs: one_row(per_episode, obs))
+    expert, _ = run(None)
+    return {
+        "adapted": adapted_return,
+        "unadapted": unadapted,
+        "expert": expert,
+        "success_adapted": success_adapted,
+        "success_unadapted": success_unadapted,
+    }
+
+
+def _lockstep(
+    envs: list[Any],
+    policy: Callable[[Any], Any] | None,
+    goals: np.ndarray,
+    device: Any,
+    layout: str | None,
+    seed: int,
+) -> tuple[float, float]:
+    """Mean return and success rate of one episode per env; ``policy=None`` plays the
+    noise-free expert towards ``goals`` from the positions the envs report."""
+    import torch
+
+    from pipeline.streams.collate import finalize
+    from pipeline.synthetic.point_robot import EPISODE_STEPS, expert_actions
+
+    starts = [env.reset(seed=seed * 100_003 + i) for i, env in enumerate(envs)]
+    obs = np.stack([o for o, _ in starts])
+    positions = np.array([info["position"] for _, info in starts])
+    returns = np.zeros(len(envs))
+    successes = np.zeros(len(envs), dtype=bool)
+    rng = np.random.default_rng(seed)
+    for _ in range(EPISODE_STEPS):
+        if policy is None:
+            actions = expert_actions(positions, goals, rng, noise_std=0.0, random_fraction=0.0)
+        else:
+            images = finalize({"m": {"obs": torch.from_numpy(obs)}}, device, obs_layout=layout)
+            with torch.no_grad():
+                actions = policy(images["m"]["obs"]).cpu().numpy()
+        steps = [env.step(action) for env, action in zip(envs, actions, strict=True)]
+        obs = np.stack([s[0] for s in steps])
+        returns += [s[1] for s in steps]
+        positions = np.array([s[4]["position"] for s in steps])
+        successes |= [bool(s[4].get("is_success", False)) for s in steps]
+    return float(returns.mean()), float(successes.mean())
 
 
 def _mean_and_error(values: np.ndarray) -> tuple[float, float]:
@@ -163,31 +267,36 @@ def _report_learning(
     )
 
 
-def transfer(*, record: bool) -> None:
-    """Part 2: rows/s through task streams and bytes per meta-batch, uint8 vs float32."""
+def transfer(rounds: int, *, record: bool) -> None:
+    """Part 2: rows/s through task streams and bytes per meta-batch, uint8 vs float32, in
+    alternating rounds (the shared machine's load moves between them)."""
     import torch
 
     torch.set_num_threads(1)
-    cfg = _config(0, None, Path("runs"))
-    tasks = cfg.tasks
+    tasks = _config(0, None, Path("runs")).tasks
+    rates: dict[str, list[float]] = {"uint8": [], "float32": []}
     with tempfile.TemporaryDirectory() as scratch:
-        floats = _float_copy(SAMPLE / "train", Path(scratch) / "float32")
-        measured = {
-            "uint8": _stream_rate(SAMPLE / "train", tasks),
-            "float32": _stream_rate(floats, tasks),
-        }
+        sources = {"uint8": SAMPLE / "train"}
+        sources["float32"] = _float_copy(SAMPLE / "train", Path(scratch) / "float32")
+        sizes = {name: _batch_bytes(path, tasks) for name, path in sources.items()}
+        for _ in range(rounds):
+            for name, path in sources.items():
+                rates[name].append(_stream_rate(path, tasks))
     rows_per_batch = tasks.meta_batch * (tasks.support + tasks.query)
-    for name, (rate, nbytes, images) in measured.items():
+    median = {name: float(np.median(values)) for name, values in rates.items()}
+    for name, (nbytes, images) in sizes.items():
         print(
-            f"{name:8s} {rate / 1e3:8.1f} K image rows/s  {nbytes / 1024:8.1f} KiB per meta-batch "
-            f"({images / 1024:.1f} KiB of it images, {rows_per_batch} rows)"
+            f"{name:8s} {median[name] / 1e3:8.1f} K image rows/s (median of {rounds}: "
+            f"{', '.join(f'{r / 1e3:.1f}' for r in rates[name])})  {nbytes / 1024:8.1f} KiB "
+            f"per meta-batch ({images / 1024:.1f} KiB of it images, {rows_per_batch} rows)"
         )
-    rate_ratio = measured["uint8"][0] / measured["float32"][0]
-    bytes_ratio = measured["float32"][1] / measured["uint8"][1]
-    image_ratio = measured["float32"][2] / measured["uint8"][2]
+    per_round = [u / f for u, f in zip(rates["uint8"], rates["float32"], strict=True)]
+    rate_ratio = float(np.median(per_round))
+    bytes_ratio = sizes["float32"][0] / sizes["uint8"][0]
+    image_ratio = sizes["float32"][1] / sizes["uint8"][1]
     print(
-        f"uint8 / float32 rows/s: {rate_ratio:.2f}x; float32 / uint8 bytes per batch: "
-        f"{bytes_ratio:.2f}x (images alone {image_ratio:.2f}x)"
+        f"uint8 / float32 rows/s: {rate_ratio:.2f}x (median of per-round ratios); float32 / "
+        f"uint8 bytes per batch: {bytes_ratio:.2f}x (images alone {image_ratio:.2f}x)"
     )
     if not record:
         return
@@ -196,21 +305,26 @@ def transfer(*, record: bool) -> None:
         "image": [1, 32, 32],
         "rows_per_batch": rows_per_batch,
         "batches": TRANSFER_BATCHES,
+        "rounds": rounds,
         "device": "cpu",
     }
     details = {
-        name: {"rows_per_s": r, "bytes_per_batch": b, "image_bytes": i}
-        for name, (r, b, i) in measured.items()
+        "rows_per_s": rates,
+        "per_round_ratio": per_round,
+        "bytes_per_batch": {name: b for name, (b, _) in sizes.items()},
+        "image_bytes_per_batch": {name: i for name, (_, i) in sizes.items()},
     }
     write_record(
         "pixels",
         "2-stream-rows-per-s",
-        "Image rows per second through split_for_learners task streams, uint8 images "
-        "(converted to float32 by finalize); baseline: the same images stored as float32",
-        measured["uint8"][0],
+        "Image rows per second through split_for_learners task streams on CPU, uint8 images "
+        "(finalize converts them to float32 there); baseline: the same images stored as "
+        "float32; ratio: median of per-round ratios",
+        median["uint8"],
         "rows/s",
         shape=shape,
-        baseline=Baseline("float32 images, rows per second", measured["float32"][0]),
+        baseline=Baseline("float32 images, rows per second (median)", median["float32"]),
+        ratio=rate_ratio,
         details=details,
     )
     write_record(
@@ -218,10 +332,10 @@ def transfer(*, record: bool) -> None:
         "3-bytes-per-batch",
         "Bytes one meta-batch moves host to device with uint8 images; ratio: float32 "
         "images' bytes over uint8's (the saving factor)",
-        measured["uint8"][1],
+        sizes["uint8"][0],
         "bytes",
         shape=shape,
-        baseline=Baseline("float32 images, bytes per meta-batch", measured["float32"][1]),
+        baseline=Baseline("float32 images, bytes per meta-batch", sizes["float32"][0]),
         ratio=bytes_ratio,
         target=">= 3",
         details=details,
@@ -249,20 +363,29 @@ def _float_copy(source: Path, out: Path) -> Path:
     return out
 
 
-def _stream_rate(directory: Path, tasks: Any) -> tuple[float, int, int]:
-    """``(rows/s, bytes per meta-batch, image bytes of it)`` for one dataset."""
+def _task_windows(directory: Path, tasks: Any) -> Any:
     from pipeline.reads.episodes import inspect_episodes
-    from pipeline.streams.learner_stream import split_for_learners
     from pipeline.tasks.samples import task_samples
 
-    samples = task_samples(
+    return task_samples(
         inspect_episodes(directory),
         support=tasks.support,
         query=tasks.query,
         mode="stream",
         memory_budget_mb=256,
     )
-    total, images = _moved_bytes(samples.read_window(0), tasks.meta_batch)
+
+
+def _batch_bytes(directory: Path, tasks: Any) -> tuple[int, int]:
+    """Bytes of a meta-batch, and of its images, for one dataset."""
+    return _moved_bytes(_task_windows(directory, tasks).read_window(0), tasks.meta_batch)
+
+
+def _stream_rate(directory: Path, tasks: Any) -> float:
+    """Rows per second of ``TRANSFER_BATCHES`` meta-batches of one dataset, on CPU."""
+    from pipeline.streams.learner_stream import split_for_learners
+
+    samples = _task_windows(directory, tasks)
     (stream,) = split_for_learners(samples, 1, minibatch_size=tasks.meta_batch, seed=0)
     with stream:
         for _ in stream.take(10):  # the first window's read, outside the timing
@@ -271,8 +394,7 @@ def _stream_rate(directory: Path, tasks: Any) -> tuple[float, int, int]:
         for _ in stream.take(TRANSFER_BATCHES):
             pass
         elapsed = time.perf_counter() - start
-    rows = TRANSFER_BATCHES * tasks.meta_batch * (tasks.support + tasks.query)
-    return rows / elapsed, total, images
+    return TRANSFER_BATCHES * tasks.meta_batch * (tasks.support + tasks.query) / elapsed
 
 
 def _moved_bytes(samples: Any, tasks_per_batch: int) -> tuple[int, int]:
@@ -294,13 +416,14 @@ def main() -> None:
     parser.add_argument("--part", choices=("learning", "transfer", "all"), default="all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=None, help="meta-iterations per run")
+    parser.add_argument("--rounds", type=int, default=3, help="transfer rounds per dtype")
     parser.add_argument(
         "--no-record", action="store_true", help="print only (trial runs of other sizes)"
     )
     args = parser.parse_args()
     set_quiet_environment()
     if args.part in ("transfer", "all"):
-        transfer(record=not args.no_record)
+        transfer(args.rounds, record=not args.no_record)
     if args.part in ("learning", "all"):
         learning(args.seeds, args.iterations, record=not args.no_record)
 
