@@ -9,8 +9,10 @@ restart count.
 Fault tolerance is Ray Train's: a worker that dies takes its worker group down, and Ray
 Train starts a new one (up to ``ray.max_failures`` times) that resumes from the last
 checkpoint reported through ``ray.train.report``. The run directory
-``<run_dir>/ray/train`` holds those checkpoints; running again with the same
-``run_dir`` (a retried Prefect task) resumes from them as well.
+``<run_dir>/ray/train`` (a local path, or in S3: ``flows.scale_out.cluster_storage``) holds
+those checkpoints; running again with the same ``run_dir`` (a retried Prefect task) resumes
+from them as well. The final checkpoint is read through Ray's checkpoint API, wherever it
+lives.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from flows.config import MetaTrainConfig
 from flows.runs.retry_policy import is_permanent
 from flows.runs.train_state import TrainResult, train_result
+from flows.scale_out.cluster_storage import alive_nodes, check_reachable, cluster_error, ray_storage
 from flows.scale_out.worker import WorkerFault, train_loop_per_worker
 from flows.stages.train import build_task_samples, warm_start
 from learners.meta.learner import MetaLearner
@@ -71,7 +74,12 @@ def scaling_config(cfg: MetaTrainConfig, cluster: Mapping[str, float]) -> Any:
             f"{cluster.get('GPU', 0):g}. Lower num_learners or set training.device to 'cpu'"
         )
     cpus = worker_cpus(learners, cluster.get("CPU", 0.0), cfg.ray.reserved_read_cpus)
-    return ScalingConfig(num_workers=learners, use_gpu=use_gpu, resources_per_worker={"CPU": cpus})
+    return ScalingConfig(
+        num_workers=learners,
+        use_gpu=use_gpu,
+        resources_per_worker={"CPU": cpus},
+        placement_strategy=cfg.ray.placement_strategy,
+    )
 
 
 def train_on_ray(
@@ -100,6 +108,8 @@ def train_on_ray(
     if learners < 1:
         raise ValueError(f"learners.num_learners must be >= 1 on Ray Train, got {learners}")
     tasks, training = cfg.tasks, cfg.training
+    check_reachable(cfg, alive_nodes())
+    storage_path, storage_filesystem = ray_storage(run_dir)
     samples = build_task_samples(cfg, data, logger)
     scaling = scaling_config(cfg, ray.cluster_resources())
     initial_state, parent = _initial_state(cfg, logger)
@@ -117,7 +127,8 @@ def train_on_ray(
         scaling_config=scaling,
         run_config=RunConfig(
             name=RUN_NAME,
-            storage_path=str(Path(run_dir).resolve() / "ray"),
+            storage_path=storage_path,
+            storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=cfg.ray.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=training.keep_checkpoints),
             logging_config=LoggingConfig(log_level="WARNING"),
@@ -130,7 +141,7 @@ def train_on_ray(
         " + 1 GPU" if scaling.use_gpu else "",
         tasks.meta_batch,
     )
-    result = _fit(trainer)
+    result = _fit(trainer, run_dir)
     attempts = result.return_value
     if attempts["restarts"]:
         logger.warning(
@@ -138,20 +149,24 @@ def train_on_ray(
             attempts["restarts"],
             attempts["resumed_from"],
         )
-    # The storage is a local (or shared) filesystem path: the checkpoint is read in place.
-    return train_result(
-        Path(result.checkpoint.path),
-        iterations=training.iterations,
-        resumed_from=attempts["resumed_from"],
-        tasks=samples.summary(),
-        restarts=attempts["restarts"],
-        num_learners=learners,
-    )
+    # In place for a local path; a copy in a temporary directory for S3.
+    location = result.checkpoint.path
+    with result.checkpoint.as_directory() as directory:
+        return train_result(
+            Path(directory),
+            location=f"s3://{location}" if storage_filesystem is not None else Path(location),
+            iterations=training.iterations,
+            resumed_from=attempts["resumed_from"],
+            tasks=samples.summary(),
+            restarts=attempts["restarts"],
+            num_learners=learners,
+        )
 
 
-def _fit(trainer: Any) -> Any:
-    """``trainer.fit()``, re-raising a worker's own error when it says the input is wrong
-    (so the flow does not retry what would fail the same way)."""
+def _fit(trainer: Any, run_dir: str | Path) -> Any:
+    """``trainer.fit()``, re-raising a worker's own error when it says the input is wrong,
+    or one line when the workers cannot reach the run's storage or offmeta's code (so the
+    flow does not retry what would fail the same way)."""
     from ray.train import TrainingFailedError
 
     try:
@@ -160,6 +175,9 @@ def _fit(trainer: Any) -> Any:
         failures = list(getattr(error, "worker_failures", {}).values())
         if failures and all(is_permanent(failure) for failure in failures):
             raise failures[0] from error
+        setup = cluster_error([*failures, error], str(run_dir))
+        if setup is not None:
+            raise setup from error
         raise
 
 
