@@ -50,7 +50,7 @@ SAMPLE = ROOT / "data" / "samples" / "point_robot_pixels"
 TRANSFER_BATCHES = 200
 
 
-def _config(seed: int, iterations: int | None, run_dir: Path) -> Any:
+def _config(seed: int, iterations: int | None, run_dir: Path, path: Path = CONFIG) -> Any:
     from flows.config import load_config
 
     overrides = [
@@ -65,10 +65,12 @@ def _config(seed: int, iterations: int | None, run_dir: Path) -> Any:
             f"training.checkpoint_every={iterations}",
             f"training.log_every={iterations}",
         ]
-    return load_config(CONFIG, overrides)
+    return load_config(path, overrides)
 
 
-def learning(seeds: list[int], iterations: int | None, *, record: bool) -> None:
+def learning(
+    seeds: list[int], iterations: int | None, config: Path = CONFIG, *, record: bool
+) -> None:
     """Part 1: train per seed, adapt on held-out support rows, roll out in the pixel env."""
     import torch
 
@@ -81,11 +83,11 @@ def learning(seeds: list[int], iterations: int | None, *, record: bool) -> None:
     quiet.setLevel(logging.WARNING)
     results, seconds = [], []
     with tempfile.TemporaryDirectory() as scratch:
-        base = _config(seeds[0], iterations, Path(scratch))
+        base = _config(seeds[0], iterations, Path(scratch), config)
         with ray_session(base.ray):
             datasets = validate_datasets(base)
             for seed in seeds:
-                cfg = _config(seed, iterations, Path(scratch) / f"seed-{seed}")
+                cfg = _config(seed, iterations, Path(scratch) / f"seed-{seed}", config)
                 start = time.perf_counter()
                 trained = train(cfg, datasets.train, run_dir=Path(scratch) / f"seed-{seed}")
                 returns = heldout_rollouts(cfg, trained.learner_state, datasets.heldout)
@@ -98,7 +100,7 @@ def learning(seeds: list[int], iterations: int | None, *, record: bool) -> None:
                     f"({seconds[-1]:.0f} s)",
                     flush=True,
                 )
-    _report_learning(results, seconds, base, seeds, record=record)
+    _report_learning(results, seconds, base, seeds, config, record=record)
 
 
 def heldout_rollouts(cfg: Any, learner_state: Mapping[str, Any], heldout: Any) -> dict[str, float]:
@@ -113,7 +115,7 @@ def heldout_rollouts(cfg: Any, learner_state: Mapping[str, Any], heldout: Any) -
 
     from learners.meta.learner import MetaLearner
     from learners.meta.meta_batch import task_slice
-    from learners.models.mlp import build_model
+    from learners.models.factory import build_model
     from pipeline.streams.collate import finalize
     from pipeline.synthetic.point_robot_pixels_env import make_env
     from pipeline.tasks.samples import task_samples
@@ -135,11 +137,12 @@ def heldout_rollouts(cfg: Any, learner_state: Mapping[str, Any], heldout: Any) -
         for name in adapted[0]
     }
     meta = {name: p.detach() for name, p in learner.meta_params[module].items()}
-    model = build_model(learner.config.modules[module]).to(learner.device)
+    spec = learner.config.modules[module]
+    model = build_model(spec).to(learner.device)
 
     def act(params: Mapping[str, Any], obs: Any) -> Any:
-        # The MLP reads images flattened per row, as the losses hand them to it.
-        return functional_call(model, dict(params), (obs.reshape(obs.shape[0], -1),))
+        # Observations as the losses hand them to the module: [B, *obs_shape].
+        return functional_call(model, dict(params), (obs.reshape(-1, *spec.observation_shape),))
 
     one_row = vmap(lambda params, obs: act(params, obs[None])[0])
     generator = heldout.metadata["generator"]["args"]
@@ -214,6 +217,7 @@ def _report_learning(
     seconds: list[float],
     cfg: Any,
     seeds: list[int],
+    config: Path,
     *,
     record: bool,
 ) -> None:
@@ -235,13 +239,15 @@ def _report_learning(
     write_record(
         "pixels",
         "1-adapted-return",
-        "Pixel point robot (1x32x32 uint8 images), held-out adapted return (mean of seeds); "
+        f"Pixel point robot (1x32x32 uint8 images, {config.name}), held-out adapted return "
+        "(mean of seeds); "
         "baseline: the unadapted meta-policy on the same goals and starts; ratio: the lead in "
         "standard errors of the difference of the means",
         mean_a,
         "return",
         shape={
             "data": "point_robot_pixels",
+            "config": config.name,
             "iterations": iterations,
             "seeds": len(seeds),
             "support": tasks.support,
@@ -417,6 +423,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=None, help="meta-iterations per run")
     parser.add_argument("--rounds", type=int, default=3, help="transfer rounds per dtype")
+    parser.add_argument("--config", type=Path, default=CONFIG, help="run config to learn with")
     parser.add_argument(
         "--no-record", action="store_true", help="print only (trial runs of other sizes)"
     )
@@ -425,7 +432,7 @@ def main() -> None:
     if args.part in ("transfer", "all"):
         transfer(args.rounds, record=not args.no_record)
     if args.part in ("learning", "all"):
-        learning(args.seeds, args.iterations, record=not args.no_record)
+        learning(args.seeds, args.iterations, args.config, record=not args.no_record)
 
 
 if __name__ == "__main__":
