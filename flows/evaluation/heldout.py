@@ -164,7 +164,7 @@ def evaluate(
             f"has modules {list(samples.module_ids)}"
         )
     meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
-    meta_batch = finalize(meta_batch, learner.device)
+    meta_batch = finalize(meta_batch, learner.device, obs_layout=heldout.schema.obs_layout)
     per_task = learner.evaluate_tasks(meta_batch, steps=settings.steps)
     environment = environment_name(heldout.metadata)
     rollouts = _ENVIRONMENTS.get(environment) if settings.rollout_episodes > 0 else None
