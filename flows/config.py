@@ -26,6 +26,7 @@ from learners.config import MetaConfig
 from pipeline.artifacts.errors import ArtifactNameError, UnsupportedRootError
 from pipeline.artifacts.records.names import validate_name
 from pipeline.artifacts.records.roots import parse_root
+from pipeline.contract.id_findings import VALIDATION_MEMORY_MB
 from pipeline.contract.schema import CheckValues
 
 _STRICT = ConfigDict(extra="forbid")
@@ -63,6 +64,15 @@ class DataConfig(BaseModel):
         "actions outside its box bounds (a warning): every row group (full), one row group "
         "in 16 (sample, for datasets whose full scan takes too long), or none (off). See "
         "pipeline.contract.value_checks.",
+    )
+
+    validation_memory_mb: float = Field(
+        VALIDATION_MEMORY_MB,
+        gt=0,
+        description="Memory the id checks of validation may use (duplicates, gaps, end flags, "
+        "task changes). Datasets whose rows times 80 bytes fit are checked in memory; larger "
+        "ones are sorted on disk in a temporary directory, in about this much memory whatever "
+        "their size (see docs/data-contract.md#memory).",
     )
 
     @field_validator("check_values", mode="before")

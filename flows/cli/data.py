@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any, get_args
 
+from pipeline.contract.id_findings import VALIDATION_MEMORY_MB
 from pipeline.contract.schema import CheckValues
 
 
@@ -104,6 +105,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="scan obs, new_obs, actions and rewards for NaN, inf and actions outside "
         "dataset.json's action space in every row group (full, the default), in one row group "
         "in 16 (sample: for datasets whose full scan takes too long), or not at all (off)",
+    )
+    validate.add_argument(
+        "--validation-memory-mb",
+        type=_megabytes,
+        default=VALIDATION_MEMORY_MB,
+        metavar="MB",
+        help="memory the id checks may use (default %(default)g); larger datasets are sorted "
+        "on disk in a temporary directory (docs/data-contract.md#memory)",
     )
     validate.add_argument("--json", action="store_true", help="print summaries as JSON lines")
     validate.set_defaults(handler=_validate)
@@ -206,6 +215,7 @@ def _validate(args: argparse.Namespace) -> int:
                 column_map=column_map,
                 allow_partial_episodes=args.allow_partial_episodes,
                 check_values=args.check_values,
+                validation_memory_mb=args.validation_memory_mb,
             )
         except DatasetError as exc:
             print(f"offmeta data validate: {exc}", file=sys.stderr)
@@ -257,6 +267,16 @@ def _compact(args: argparse.Namespace) -> int:
         return 1
     _print_summary(info.summary(), as_json=False, title=args.out)
     return 0
+
+
+def _megabytes(text: str) -> float:
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = 0.0
+    if not megabytes > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of MB above 0, got {text!r}")
+    return megabytes
 
 
 def _parse_column_map(pairs: list[str]) -> dict[str, str]:

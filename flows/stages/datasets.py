@@ -106,6 +106,7 @@ def _read_options(cfg: MetaTrainConfig) -> dict[str, Any]:
         "column_map": cfg.data.column_map or None,
         "allow_partial_episodes": cfg.data.allow_partial_episodes,
         "check_values": cfg.data.check_values,
+        "validation_memory_mb": cfg.data.validation_memory_mb,
     }
 
 

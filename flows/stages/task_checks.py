@@ -17,7 +17,7 @@ checks); the stages keep their own checks for callers that skip this one.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -55,7 +55,8 @@ def environment_name(metadata: Mapping[str, Any]) -> str | None:
 
 def _group_sizes(info: DatasetInfo, modules: list[str]) -> dict[tuple[str, str], int]:
     """``(module, task)`` -> transitions, for the modules the learner reads; only the id
-    columns are read, file by file."""
+    columns are read, a row group at a time, so memory holds one row group and the counts
+    whatever the row count."""
     schema = info.schema
     ids = {
         canonical: schema.column_map.get(canonical, canonical)
@@ -65,8 +66,7 @@ def _group_sizes(info: DatasetInfo, modules: list[str]) -> dict[tuple[str, str],
     if not ids:
         return {(DEFAULT_MODULE_ID, DEFAULT_TASK_ID): info.num_rows}
     sizes: Counter[tuple[str, str]] = Counter()
-    for path in info.files:
-        table = pq.read_table(path, columns=list(ids.values()), filesystem=info.filesystem)
+    for table in _id_row_groups(info, list(ids.values())):
         columns = {name: decoded(table.column(ids[name])) for name in ids}
         counted = pa.table(columns).group_by(list(ids)).aggregate([([], "count_all")])
         module = counted.column("module_id").to_pylist() if "module_id" in ids else None
@@ -78,6 +78,14 @@ def _group_sizes(info: DatasetInfo, modules: list[str]) -> dict[tuple[str, str],
             )
             sizes[key] += count
     return {key: count for key, count in sorted(sizes.items()) if key[0] in modules}
+
+
+def _id_row_groups(info: DatasetInfo, columns: list[str]) -> Iterator[pa.Table]:
+    for path in info.files:
+        with info.filesystem.open_input_file(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            for group in range(parquet.num_row_groups):
+                yield parquet.read_row_group(group, columns=columns)
 
 
 def _check_sizes(cfg: MetaTrainConfig, where: str, sizes: dict[tuple[str, str], int]) -> None:

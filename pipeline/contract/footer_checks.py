@@ -9,7 +9,7 @@ to count them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -137,10 +137,25 @@ def read_columns(resolved: ResolvedSource, path: str, columns: list[str]) -> pa.
         with resolved.filesystem.open_input_file(path) as handle:
             return pq.ParquetFile(handle).read(columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise DatasetError(
-            f"{path}: columns {', '.join(columns)} cannot be read ({' '.join(str(exc).split())}); "
-            "expected readable Parquet data behind a valid footer (is the file corrupted?)"
-        ) from None
+        raise _unreadable(path, columns, exc) from None
+
+
+def read_row_groups(resolved: ResolvedSource, path: str, columns: list[str]) -> Iterator[pa.Table]:
+    """``read_columns`` one row group at a time, for readers that hold one at a time."""
+    try:
+        with resolved.filesystem.open_input_file(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            for group in range(parquet.num_row_groups):
+                yield parquet.read_row_group(group, columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise _unreadable(path, columns, exc) from None
+
+
+def _unreadable(path: str, columns: list[str], exc: Exception) -> DatasetError:
+    return DatasetError(
+        f"{path}: columns {', '.join(columns)} cannot be read ({' '.join(str(exc).split())}); "
+        "expected readable Parquet data behind a valid footer (is the file corrupted?)"
+    )
 
 
 def build_schema(

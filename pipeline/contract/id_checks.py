@@ -5,11 +5,14 @@ An episode is one module's steps under one ``eps_id``: in multi-agent data sever
 or with one module in it, an episode is an ``eps_id``.
 
 An episode may span files, so the checks see every file's ``eps_id``, ``t``, flags,
-``task_id`` and ``module_id`` at once: string ids are dictionary-encoded (codes in order of
-first appearance, int64 episode ids are their own codes), rows are put in
-``(eps_id, module, t)`` order by one stable sort of a combined int64 key (skipped when the
-rows already are in that order, as writers produce them), and every rule is a comparison of
-neighbouring rows. Tensor columns are never read.
+``task_id`` and ``module_id``. Here, while ``rows * IN_MEMORY_BYTES_PER_ROW`` fits the
+budget (``data.validation_memory_mb``), they are held at once: string ids are
+dictionary-encoded (codes in order of first appearance, int64 episode ids are their own
+codes), rows are put in ``(eps_id, module, t)`` order by one stable sort of a combined
+int64 key (skipped when the rows already are in that order, as writers produce them), and
+every rule is a comparison of neighbouring rows. Larger datasets go to
+``pipeline.contract.sorted_id_checks``, which finds the same in bounded memory. Tensor
+columns are never read.
 
 Always refused: a repeated ``(module_id, eps_id, t)`` and an episode whose ``task_id``
 changes. Refused unless ``allow_partial_episodes``: an episode that does not start at
@@ -27,25 +30,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.contract.footer_checks import read_columns
-from pipeline.contract.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError, EpisodeSchema
+from pipeline.contract.id_findings import (
+    FLAGS,
+    SHOWN_DUPLICATES,
+    VALIDATION_MEMORY_MB,
+    EpisodeIds,
+    Repeat,
+    RowAt,
+    duplicates_error,
+    early_end_error,
+    episode_label,
+    gap_error,
+    id_columns,
+    late_start_error,
+    task_change_error,
+)
+from pipeline.contract.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, EpisodeSchema
+from pipeline.contract.sorted_id_checks import check_sorted_episodes
 from pipeline.io.dataset_source import ResolvedSource
 
-_FLAGS = ("terminateds", "truncateds")
-_SHOWN_DUPLICATES = 5
-_PARTIAL_FIX = (
-    "or pass allow_partial_episodes=True (--allow-partial-episodes, data.allow_partial_episodes) "
-    "for a dataset that is knowingly partial"
-)
-
-
-@dataclass(frozen=True)
-class EpisodeIds:
-    """What the id columns say about a dataset that passed the checks."""
-
-    num_episodes: int
-    """Distinct ``eps_id`` values (modules sharing one count it once)."""
-    task_ids: tuple[str, ...]
-    module_ids: tuple[str, ...]
+IN_MEMORY_BYTES_PER_ROW = 80
+"""What the in-memory checks peak at per row (ids, codes, order, flags): a dataset whose
+rows times this exceed the budget is checked over an external sort instead."""
 
 
 @dataclass(frozen=True)
@@ -79,20 +85,34 @@ class _Rows:
         code = int(self.codes[row])
         eps_id = code if self.names is None else self.names[code].as_py()
         if self.modules is None or self.module_names is None:
-            return f"eps_id {eps_id!r}"
-        return f"module_id {self.module_names[int(self.modules[row])].as_py()!r} eps_id {eps_id!r}"
+            return episode_label(eps_id, None)
+        return episode_label(eps_id, self.module_names[int(self.modules[row])].as_py())
 
     def where(self, row: int) -> str:
         return self.files[int(self.file[row])]
 
 
 def check_episodes(
-    resolved: ResolvedSource, schema: EpisodeSchema, *, allow_partial_episodes: bool = False
+    resolved: ResolvedSource,
+    schema: EpisodeSchema,
+    *,
+    num_rows: int,
+    allow_partial_episodes: bool = False,
+    memory_mb: float = VALIDATION_MEMORY_MB,
 ) -> EpisodeIds:
     """Refuse repeated transitions and broken episodes; count episodes, tasks and modules.
 
-    Raises ``DatasetError`` naming the episode, the step and the file.
+    ``num_rows`` (from the footers) decides how: in memory while ``num_rows *
+    IN_MEMORY_BYTES_PER_ROW`` fits in ``memory_mb``, else over an external sort in about
+    ``memory_mb`` whatever the row count (``pipeline.contract.sorted_id_checks``); both find
+    the same and say it in the same words. Raises ``DatasetError`` naming the episode, the
+    step and the file.
     """
+    budget = int(memory_mb * 2**20)
+    if num_rows * IN_MEMORY_BYTES_PER_ROW > budget:
+        return check_sorted_episodes(
+            resolved, schema, allow_partial_episodes=allow_partial_episodes, memory_bytes=budget
+        )
     columns = _read_columns(resolved, schema)
     rows = _in_order(columns, resolved.files)
     same, step = rows.same, rows.step
@@ -132,7 +152,7 @@ def _read_columns(resolved: ResolvedSource, schema: EpisodeSchema) -> _Columns:
     """Read file by file, keeping compact copies (numpy arrays, dictionary indices) and
     dropping each file's Arrow table (the checks peak at about 80 bytes per row)."""
     steps, int_ids, string_ids, tasks, modules = [], [], [], [], []
-    ends: dict[str, list[np.ndarray]] = {flag: [] for flag in _FLAGS}
+    ends: dict[str, list[np.ndarray]] = {flag: [] for flag in FLAGS}
     counts = []
     for path in resolved.files:
         table = _read_ids(path, resolved, schema)
@@ -142,7 +162,7 @@ def _read_columns(resolved: ResolvedSource, schema: EpisodeSchema) -> _Columns:
             int_ids.append(episodes.to_numpy())
         else:
             string_ids.extend(_dictionary_chunks(episodes))
-        for flag in _FLAGS:
+        for flag in FLAGS:
             flagged = pc.indices_nonzero(table.column(flag)).to_numpy()
             ends[flag].append(flagged + sum(counts))
         if schema.has_task_id:
@@ -173,10 +193,7 @@ def _read_columns(resolved: ResolvedSource, schema: EpisodeSchema) -> _Columns:
 
 
 def _read_ids(path: str, resolved: ResolvedSource, schema: EpisodeSchema) -> pa.Table:
-    canonical = ["eps_id", "t", *_FLAGS]
-    canonical += ["task_id"] if schema.has_task_id else []
-    canonical += ["module_id"] if schema.has_module_id else []
-    on_disk = [schema.column_map.get(c, c) for c in canonical]
+    canonical, on_disk = id_columns(schema)
     return read_columns(resolved, path, on_disk).rename_columns(canonical)
 
 
@@ -290,26 +307,21 @@ def _task_ids(rows: _Rows, firsts: np.ndarray) -> tuple[str, ...]:
     return _used(rows.tasks[firsts], rows.task_names)
 
 
+def _row_at(rows: _Rows, row: int) -> RowAt:
+    return RowAt(rows.episode(row), int(rows.t[row]), rows.where(row))
+
+
 def _refuse_duplicates(rows: _Rows, repeats: np.ndarray, description: str) -> None:
     if not repeats.any():
         return
     shown = []
-    for first in _run_starts(np.flatnonzero(repeats))[:_SHOWN_DUPLICATES]:
+    for first in _run_starts(np.flatnonzero(repeats))[:SHOWN_DUPLICATES]:
         last = first
         while last < len(repeats) and repeats[last]:
             last += 1
-        where = list(dict.fromkeys(rows.where(r) for r in range(first, last + 1)))
-        shown.append(
-            f"{rows.episode(first)} t {rows.t[first]}: {last - first + 1} rows in "
-            f"{', '.join(where)}"
-        )
-    key = "(eps_id, t)" if rows.modules is None else "(module_id, eps_id, t)"
-    kind = "an (eps_id, t) pair" if rows.modules is None else f"a {key} triple"
-    raise DatasetError(
-        f"source {description!r}: {int(repeats.sum())} row(s) repeat {kind} already present, "
-        f"first: {'; '.join(shown)}; expected each {key} once. Fix: drop the repeated rows (a "
-        "recorder that rewrites earlier episodes into later files writes them)"
-    )
+        where = tuple(dict.fromkeys(rows.where(r) for r in range(first, last + 1)))
+        shown.append(Repeat(_row_at(rows, first), last - first + 1, where))
+    raise duplicates_error(description, int(repeats.sum()), shown, rows.modules is not None)
 
 
 def _run_starts(positions: np.ndarray) -> np.ndarray:
@@ -326,60 +338,26 @@ def _refuse_task_changes(rows: _Rows, changes: np.ndarray) -> None:
     after = before + 1
     assert rows.task_names is not None and rows.tasks is not None
     names = [rows.task_names[int(rows.tasks[r])].as_py() for r in (before, after)]
-    raise DatasetError(
-        f"{rows.where(after)}: {rows.episode(after)} has task_id {names[1]!r} at t "
-        f"{rows.t[after]} but {names[0]!r} at t {rows.t[before]}{_also_in(rows, before, after)}; "
-        "expected one task per episode. Fix: give each task's episodes their own eps_id"
-    )
+    raise task_change_error(_row_at(rows, before), _row_at(rows, after), *names)
 
 
 def _refuse_late_starts(rows: _Rows, late: np.ndarray) -> None:
-    if not len(late):
-        return
-    first = int(late[0])
-    raise DatasetError(
-        f"{rows.where(first)}: {rows.episode(first)} starts at t {rows.t[first]}"
-        f"{_of_episodes(len(late), 'starting later')}; expected every episode to start at "
-        f"t 0. Fix: write the episode's first steps, {_PARTIAL_FIX}"
-    )
+    if len(late):
+        raise late_start_error(_row_at(rows, int(late[0])), len(late))
 
 
 def _refuse_gaps(rows: _Rows, gaps: np.ndarray) -> None:
     if not len(gaps):
         return
     before = int(gaps[0])
-    after = before + 1
-    count = _count_episodes(rows, gaps)
-    raise DatasetError(
-        f"{rows.where(after)}: {rows.episode(after)} jumps from t {rows.t[before]} to "
-        f"t {rows.t[after]}{_also_in(rows, before, after)}"
-        f"{_of_episodes(count, 'with missing steps')}; expected consecutive steps within an "
-        f"episode. Fix: write the missing steps, {_PARTIAL_FIX}"
-    )
+    raise gap_error(_row_at(rows, before), _row_at(rows, before + 1), _count_episodes(rows, gaps))
 
 
 def _refuse_early_ends(rows: _Rows, flag: str, early: np.ndarray) -> None:
     if not len(early):
         return
     row = int(early[0])
-    count = _count_episodes(rows, early)
     boundaries = np.flatnonzero(~rows.same[row:])
     last = row + int(boundaries[0]) if len(boundaries) else len(rows.codes) - 1
-    raise DatasetError(
-        f"{rows.where(row)}: {rows.episode(row)} has {flag} set at t {rows.t[row]} but "
-        f"continues to t {rows.t[last]}{_also_in(rows, last, row)}"
-        f"{_of_episodes(count, f'with {flag} before their end')}; expected episode-end flags "
-        f"on an episode's last step only. Fix: clear the flag or split the episode, "
-        f"{_PARTIAL_FIX}"
-    )
-
-
-def _of_episodes(count: int, what: str) -> str:
-    return "" if count == 1 else f" (first of {count} episodes {what})"
-
-
-def _also_in(rows: _Rows, seen: int, here: int) -> str:
-    """Where another row of the same episode lives, when that is another file."""
-    if rows.file[seen] == rows.file[here]:
-        return ""
-    return f" (t {rows.t[seen]} is in {rows.where(seen)})"
+    count = _count_episodes(rows, early)
+    raise early_end_error(flag, _row_at(rows, row), _row_at(rows, last), count)

@@ -34,6 +34,7 @@ from pipeline.contract.footer_checks import (
     read_footers,
 )
 from pipeline.contract.id_checks import check_episodes
+from pipeline.contract.id_findings import VALIDATION_MEMORY_MB
 from pipeline.contract.schema import CheckValues, EpisodeSchema
 from pipeline.contract.value_checks import ValueFacts, check_value_columns
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource, Source, resolve_source, uri_of
@@ -115,6 +116,7 @@ def inspect_episodes(
     filesystem: pafs.FileSystem | None = None,
     allow_partial_episodes: bool = False,
     check_values: CheckValues = "full",
+    validation_memory_mb: float = VALIDATION_MEMORY_MB,
 ) -> DatasetInfo:
     """Validate a dataset and describe it, reading footers, id columns, value columns and
     file bytes.
@@ -128,6 +130,8 @@ def inspect_episodes(
     one in 16 (``sample``), or not at all (``off``): see ``pipeline.contract.value_checks``.
     Float actions outside a declared box are not refused: ``values.warning`` says how many,
     for the caller to show (``offmeta data validate`` prints it), and ``summary()`` counts them.
+    ``validation_memory_mb`` bounds the id checks' memory: above it they sort the ids on disk
+    (``pipeline.contract.id_checks``).
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
@@ -138,7 +142,13 @@ def inspect_episodes(
     rows_per_file = {f.path: f.num_rows for f in facts}
     if metadata is not None:
         check_metadata(metadata, resolved, schema, rows_per_file)
-    ids = check_episodes(resolved, schema, allow_partial_episodes=allow_partial_episodes)
+    ids = check_episodes(
+        resolved,
+        schema,
+        num_rows=sum(rows_per_file.values()),
+        allow_partial_episodes=allow_partial_episodes,
+        memory_mb=validation_memory_mb,
+    )
     if metadata is not None:
         check_task_ids(metadata, resolved, ids.task_ids)
     action_space = None if metadata is None else metadata.action_space
@@ -169,6 +179,7 @@ def read_episodes(
     filesystem: pafs.FileSystem | None = None,
     allow_partial_episodes: bool = False,
     check_values: CheckValues = "full",
+    validation_memory_mb: float = VALIDATION_MEMORY_MB,
     validated: DatasetInfo | None = None,
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
@@ -190,6 +201,7 @@ def read_episodes(
         filesystem=filesystem,
         allow_partial_episodes=allow_partial_episodes,
         check_values=check_values,
+        validation_memory_mb=validation_memory_mb,
     )
     dataset = read_grouped(info.files, info.file_sizes, info.file_rows, info.filesystem)
     fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}

@@ -118,6 +118,10 @@ def test_learners_section_is_a_meta_config_plus_placement() -> None:
             "data.check_values: Input should be 'full', 'sample' or 'off' (got 'fast')",
         ),
         (
+            ["data.validation_memory_mb=0"],
+            "data.validation_memory_mb: Input should be greater than 0 (got 0)",
+        ),
+        (
             ["learners.num_learners=-1"],
             "learners.num_learners: Input should be greater than or equal to 0 (got -1)",
         ),

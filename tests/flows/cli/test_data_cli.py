@@ -112,6 +112,24 @@ def test_validate_allows_partial_episodes_only_when_asked(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["episodes"] == 2
 
 
+def test_validate_within_a_memory_budget_finds_the_same(tmp_path, capsys):
+    steps = pa.array([0, 1, 2, 0, 2, 3], pa.int32())
+    path = write(tmp_path / "part.parquet", episode_table(t=steps))
+    assert flows.cli.main(["data", "validate", str(path)]) == 1
+    in_memory = capsys.readouterr().err
+
+    assert flows.cli.main(["data", "validate", str(path), "--validation-memory-mb", "1e-6"]) == 1
+    assert capsys.readouterr().err == in_memory
+
+    with pytest.raises(SystemExit) as usage:
+        flows.cli.main(["data", "validate", str(path), "--validation-memory-mb", "0"])
+    assert usage.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        "offmeta data validate: error: argument --validation-memory-mb: expected a number of MB "
+        "above 0, got '0'\n"
+    )
+
+
 def test_validate_refuses_non_finite_values_unless_told_not_to_check(tmp_path, capsys):
     rewards = pa.array([0, 1, 2, 3, float("nan"), float("inf")], pa.float32())
     path = write(tmp_path / "part.parquet", episode_table(rewards=rewards))
