@@ -17,6 +17,13 @@ from typing import Any, get_args
 from pipeline.contract.id_findings import VALIDATION_MEMORY_MB
 from pipeline.contract.schema import CheckValues
 
+
+def _yes_no(text: str) -> bool:
+    if text not in ("yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")
+    return text == "yes"
+
+
 _GENERATOR_OPTIONS: dict[str, list[tuple[str, type, str]]] = {
     "sinusoid": [("--points", int, "points (rows) per task (default 20)")],
     "point_robot": [
@@ -30,6 +37,15 @@ _GENERATOR_OPTIONS: dict[str, list[tuple[str, type, str]]] = {
             "and noisy-expert episodes)",
         ),
         ("--random-share", float, "mixed: share of random-policy episodes per task (default 0.4)"),
+    ],
+    "point_robot_pixels": [
+        ("--episodes-per-task", int, "expert episodes per goal (default 4)"),
+        ("--noise-std", float, "Gaussian noise on each expert action component (default 0.03)"),
+        ("--random-fraction", float, "fraction of random actions (default 0.1)"),
+        ("--image-size", int, "image height and width in pixels (default 32)"),
+        ("--blob-sigma", float, "standard deviation of the robot's blob in pixels (default 1)"),
+        ("--layout", str, "axis order of the stored images: CHW (default) or HWC"),
+        ("--new-obs", _yes_no, "record new_obs: yes (default) or no (half the image bytes)"),
     ],
 }
 

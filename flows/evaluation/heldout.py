@@ -197,7 +197,7 @@ def evaluate(
             f"has modules {list(samples.module_ids)}"
         )
     meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
-    meta_batch = finalize(meta_batch, learner.device)
+    meta_batch = finalize(meta_batch, learner.device, obs_layout=heldout.schema.obs_layout)
     per_task = learner.evaluate_tasks(meta_batch, steps=settings.steps)
     report = EvaluationReport(
         tasks=len(task_ids),

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from flows.config import MetaTrainConfig
 from flows.stages.task_checks import check_task_sampling
+from learners.models.spec import ModuleSpec
 from pipeline.contract.schema import DatasetError
 from pipeline.reads.episodes import DatasetInfo, Episodes, inspect_episodes, read_episodes
 
@@ -133,7 +134,7 @@ def _check_modules(cfg: MetaTrainConfig, split: str, episodes: DatasetInfo) -> N
     for module_id in learners.trained_modules:
         if learners.modules[module_id].data_module is not None:
             # Reads another module's rows (checked below with it) and has outputs of its own.
-            _check_obs_dim(where, episodes, module_id, learners.modules[module_id].obs_dim)
+            _check_observations(where, episodes, module_id, learners.modules[module_id])
     for module_id in learners.data_modules:
         if module_id not in episodes.module_ids:
             raise DatasetError(
@@ -142,7 +143,7 @@ def _check_modules(cfg: MetaTrainConfig, split: str, episodes: DatasetInfo) -> N
                 "or list the ones to train in learners.modules_to_update)"
             )
         spec = learners.modules[module_id]
-        _check_obs_dim(where, episodes, module_id, spec.obs_dim)
+        _check_observations(where, episodes, module_id, spec)
         action_dim = _action_dim(episodes)
         if action_dim is not None and spec.action_dim != action_dim:
             what = (
@@ -157,13 +158,30 @@ def _check_modules(cfg: MetaTrainConfig, split: str, episodes: DatasetInfo) -> N
             )
 
 
-def _check_obs_dim(where: str, episodes: DatasetInfo, module_id: str, declared: int) -> None:
-    obs_dim = math.prod(episodes.schema.obs_shape)
-    if declared != obs_dim:
+def _check_observations(
+    where: str, episodes: DatasetInfo, module_id: str, spec: ModuleSpec
+) -> None:
+    """The module's ``obs_dim`` holds one observation, and its ``obs_shape``, when given, is
+    the shape finalize gives it (``[C, H, W]`` for images, whatever their stored layout)."""
+    schema = episodes.schema
+    obs_dim = math.prod(schema.obs_shape)
+    if spec.obs_dim != obs_dim:
         raise DatasetError(
-            f"{where}: observations have shape {list(episodes.schema.obs_shape)} "
-            f"({obs_dim} values) but learners.modules.{module_id}.obs_dim is {declared}; "
+            f"{where}: observations have shape {list(schema.obs_shape)} "
+            f"({obs_dim} values) but learners.modules.{module_id}.obs_dim is {spec.obs_dim}; "
             f"expected obs_dim: {obs_dim}"
+        )
+    seen = schema.module_obs_shape
+    if spec.obs_shape is not None and tuple(spec.obs_shape) != seen:
+        stored = (
+            f"{schema.obs_layout} images stored as {list(schema.obs_shape)} reach the module as "
+            f"{list(seen)}"
+            if schema.obs_layout is not None
+            else f"observations have shape {list(seen)}"
+        )
+        raise DatasetError(
+            f"{where}: {stored} but learners.modules.{module_id}.obs_shape is "
+            f"{list(spec.obs_shape)}; expected obs_shape: {list(seen)}"
         )
 
 

@@ -7,6 +7,7 @@ Unknown fields are refused, so that a misspelt ``num_row`` cannot silently skip 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Literal
 import pyarrow.fs as pafs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.contract.schema import DatasetError, EpisodeSchema
+from pipeline.contract.schema import DatasetError, EpisodeSchema, ObservationLayout
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource
 
 
@@ -75,6 +76,9 @@ class DatasetMetadata(BaseModel):
     """Which task set this is: tasks to meta-train on, or tasks kept for evaluation."""
     description: str = ""
     observation_space: Space | None = None
+    observation_layout: ObservationLayout | None = None
+    """Axis order of uint8 image observations: ``CHW`` (the default for them) or ``HWC``;
+    only for datasets whose ``obs`` is a 3-D ``fixed_shape_tensor<uint8>``."""
     action_space: Space | None = None
     tasks: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Parameters of each task, by task id (sinusoid amplitude/phase, point-robot goal)."""
@@ -174,6 +178,25 @@ def check_metadata(
             f"{where}: num_rows is {metadata.num_rows} but the {len(rows_per_file)} file(s) "
             f"hold {total} rows; expected them to agree ({fix})"
         )
+
+
+def with_observation_layout(
+    metadata: DatasetMetadata | None, resolved: ResolvedSource, schema: EpisodeSchema
+) -> EpisodeSchema:
+    """``schema`` with the image layout ``dataset.json`` declares (``CHW`` when it declares
+    none); refuse a layout declared for observations that are not uint8 images."""
+    declared = None if metadata is None else metadata.observation_layout
+    if declared is None:
+        return schema
+    if schema.obs_layout is None:
+        where = f"{resolved.root.rstrip('/')}/{METADATA_FILE}"
+        raise DatasetError(
+            f"{where}: observation_layout is '{declared}' but column 'obs' in "
+            f"{resolved.files[0]} holds float32 observations of shape {list(schema.obs_shape)}; "
+            "expected observation_layout only for uint8 image observations (remove it from "
+            "dataset.json, or store the images as fixed_shape_tensor<uint8>)"
+        )
+    return dataclasses.replace(schema, obs_layout=declared)
 
 
 def check_task_ids(

@@ -21,16 +21,18 @@ from pipeline.io.parquet_files import map_files
 
 CANONICAL_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 _TENSOR = "fixed_shape_tensor<float32> or fixed_size_list<float32>"
+_OBSERVATION = f"{_TENSOR}, or fixed_shape_tensor<uint8> of 3 dimensions (images)"
 _EXPECTED = {
     "eps_id": ("string or int64", "store episode ids as strings or int64"),
     "t": ("int32 or int64", "store step indices as integers"),
     "obs": (
-        _TENSOR,
+        _OBSERVATION,
         "write observations with pyarrow.FixedShapeTensorArray.from_numpy_ndarray"
-        "(obs.astype('float32')); a 1-D observation has shape (1,)",
+        "(obs.astype('float32')), images as uint8 [rows, C, H, W] or [rows, H, W, C]; "
+        "a 1-D observation has shape (1,)",
     ),
     "new_obs": (
-        _TENSOR,
+        _OBSERVATION,
         "write next observations like 'obs', with "
         "pyarrow.FixedShapeTensorArray.from_numpy_ndarray(new_obs.astype('float32'))",
     ),
@@ -163,16 +165,25 @@ def build_schema(
     first = facts[0]
     for other in facts[1:]:
         _same_columns(first, other, column_map)
-    obs_shape = _tensor_shape(first.types["obs"])
+    obs_type = first.types["obs"]
+    obs_shape = _observation_shape(obs_type)
     actions = first.types["actions"]
     discrete = pa.types.is_int64(actions)
     assert obs_shape is not None
-    if "new_obs" in first.types and _tensor_shape(first.types["new_obs"]) != obs_shape:
-        raise DatasetError(
-            f"{first.path}: column {column_label('new_obs', column_map)} has shape "
-            f"{list(_tensor_shape(first.types['new_obs']) or ())} but 'obs' has shape "
-            f"{list(obs_shape)}; expected 'new_obs' to have the shape of 'obs'"
-        )
+    if "new_obs" in first.types:
+        new_obs_type = first.types["new_obs"]
+        if _observation_shape(new_obs_type) != obs_shape:
+            raise DatasetError(
+                f"{first.path}: column {column_label('new_obs', column_map)} has shape "
+                f"{list(_observation_shape(new_obs_type) or ())} but 'obs' has shape "
+                f"{list(obs_shape)}; expected 'new_obs' to have the shape of 'obs'"
+            )
+        if is_image(new_obs_type) != is_image(obs_type):
+            raise DatasetError(
+                f"{first.path}: column {column_label('new_obs', column_map)} has type "
+                f"{describe_type(new_obs_type)} but 'obs' has type {describe_type(obs_type)}; "
+                "expected 'new_obs' to have the element type of 'obs'"
+            )
     total = sum(f.num_rows for f in facts)
     if total == 0:
         shown = ", ".join(f.path for f in facts[:_SHOWN_FILES])
@@ -192,6 +203,16 @@ def build_schema(
         has_module_id="module_id" in first.types,
         extra_columns=tuple(c for c in first.types if c not in CANONICAL_COLUMNS),
         column_map=dict(column_map),
+        obs_layout="CHW" if is_image(obs_type) else None,
+    )
+
+
+def is_image(arrow_type: pa.DataType) -> bool:
+    """Whether a column type holds uint8 images (3-D ``fixed_shape_tensor<uint8>``)."""
+    return (
+        isinstance(arrow_type, pa.FixedShapeTensorType)
+        and pa.types.is_uint8(arrow_type.value_type)
+        and len(arrow_type.shape) == 3
     )
 
 
@@ -235,6 +256,17 @@ def _canonical_types(
                 f"{path}: missing required column {column!r}; found columns "
                 f"{', '.join(names)}. Fix: add it, or map it with column_map="
                 f"{{'{column}': '<name on disk>'}} (--column-map {column}=<name on disk>)"
+            )
+    for column in ("obs", "new_obs"):
+        arrow_type = types.get(column)
+        if _uint8_tensor(arrow_type) and not is_image(arrow_type):
+            raise DatasetError(
+                f"{path}: column {column_label(column, column_map)} has type "
+                f"{describe_type(arrow_type)}; expected a 3-D image [C, H, W] or [H, W, C] "
+                "for uint8 observations. Fix: write images with "
+                "pyarrow.FixedShapeTensorArray.from_numpy_ndarray(images) from uint8 "
+                "[rows, C, H, W] (or [rows, H, W, C] with observation_layout 'HWC' in "
+                "dataset.json), or store other observations as float32"
             )
     for column in CANONICAL_COLUMNS:
         if column in types and not _type_ok(column, types[column]):
@@ -296,7 +328,7 @@ def _type_ok(column: str, arrow_type: pa.DataType) -> bool:
     if column == "t":
         return pa.types.is_int32(arrow_type) or pa.types.is_int64(arrow_type)
     if column in ("obs", "new_obs"):
-        return _tensor_shape(arrow_type) is not None
+        return _observation_shape(arrow_type) is not None
     if column == "actions":
         return pa.types.is_int64(arrow_type) or _tensor_shape(arrow_type) is not None
     if column == "rewards":
@@ -317,6 +349,19 @@ def _tensor_shape(arrow_type: pa.DataType) -> tuple[int, ...] | None:
     if pa.types.is_fixed_size_list(arrow_type) and pa.types.is_float32(arrow_type.value_type):
         return (arrow_type.list_size,)
     return None
+
+
+def _observation_shape(arrow_type: pa.DataType) -> tuple[int, ...] | None:
+    """Shape of one observation: a float32 tensor or a uint8 image; None for anything else."""
+    if is_image(arrow_type):
+        return tuple(arrow_type.shape)
+    return _tensor_shape(arrow_type)
+
+
+def _uint8_tensor(arrow_type: pa.DataType | None) -> bool:
+    if isinstance(arrow_type, pa.FixedShapeTensorType | pa.FixedSizeListType):
+        return pa.types.is_uint8(arrow_type.value_type)
+    return False
 
 
 def _same_columns(first: FileFacts, other: FileFacts, column_map: Mapping[str, str]) -> None:

@@ -15,6 +15,9 @@ OPTIONAL_COLUMNS = ("new_obs", "task_id", "module_id")
 CheckValues = Literal["full", "sample", "off"]
 """How much of the value columns validation scans (``pipeline.contract.value_checks``)."""
 
+ObservationLayout = Literal["CHW", "HWC"]
+"""Axis order of one uint8 image observation: ``[C, H, W]`` or ``[H, W, C]``."""
+
 
 class DatasetError(ValueError):
     """A dataset was refused: the message names the file, the column, what was found
@@ -26,7 +29,7 @@ class EpisodeSchema:
     """What ``read_episodes`` established about a dataset, in canonical column names."""
 
     obs_shape: tuple[int, ...]
-    """Shape of one observation, e.g. ``(16,)``."""
+    """Shape of one observation as stored, e.g. ``(16,)`` or ``(64, 64, 3)``."""
     action_shape: tuple[int, ...]
     """Shape of one action; ``()`` for discrete actions."""
     discrete_actions: bool
@@ -42,3 +45,15 @@ class EpisodeSchema:
     """Columns outside the contract, passed through when selected."""
     column_map: Mapping[str, str] = field(default_factory=dict)
     """Canonical name -> name on disk, for the columns that were renamed."""
+    obs_layout: ObservationLayout | None = None
+    """Axis order of uint8 image observations (``dataset.json`` ``observation_layout``,
+    default ``CHW``); ``None`` for float32 observations."""
+
+    @property
+    def module_obs_shape(self) -> tuple[int, ...]:
+        """Shape of one observation as a module sees it after finalize: ``[C, H, W]`` for
+        images whatever their stored layout, the stored shape otherwise."""
+        if self.obs_layout == "HWC":
+            height, width, channels = self.obs_shape
+            return (channels, height, width)
+        return self.obs_shape

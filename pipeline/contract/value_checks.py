@@ -1,5 +1,6 @@
 """Check the numbers: no NaN or inf in the float columns, discrete actions inside the
 declared ``action_space``; float actions outside a declared box are counted, not refused.
+uint8 image observations cannot hold NaN or inf, so they are not read.
 
 A NaN reward silently poisons every return and every weight computed from it, and an
 action index ``>= n`` fails deep inside a loss, so both are refused here, naming the file,
@@ -126,6 +127,9 @@ def check_value_columns(
 
 def _rules(schema: EpisodeSchema, action_space: Space | None, space_file: str) -> _Rules:
     floats = [c for c in _VALUE_COLUMNS if c != "new_obs" or schema.has_new_obs]
+    if schema.obs_layout is not None:
+        # uint8 images hold no NaN or inf: nothing to scan.
+        floats = [c for c in floats if c not in ("obs", "new_obs")]
     discrete_n = low = high = None
     if schema.discrete_actions:
         floats.remove("actions")

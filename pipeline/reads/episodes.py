@@ -21,7 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from pipeline.contract.dataset_json import check_metadata, check_task_ids, load_metadata
+from pipeline.contract.dataset_json import (
+    check_metadata,
+    check_task_ids,
+    load_metadata,
+    with_observation_layout,
+)
 from pipeline.contract.footer_checks import (
     build_schema,
     check_column_map,
@@ -90,6 +95,8 @@ class DatasetInfo:
             "discrete_actions": self.schema.discrete_actions,
             "fingerprint": self.fingerprint,
         }
+        if self.schema.obs_layout is not None:
+            summary["observation_layout"] = self.schema.obs_layout
         if self.values.actions_outside_box:
             summary["actions_outside_box"] = self.values.actions_outside_box
         return summary
@@ -130,7 +137,7 @@ def inspect_episodes(
     resolved = resolve_source(source, filesystem)
     metadata, metadata_bytes = load_metadata(resolved)
     facts = read_footers(resolved, mapping)
-    schema = build_schema(resolved, facts, mapping)
+    schema = with_observation_layout(metadata, resolved, build_schema(resolved, facts, mapping))
     check_nulls(resolved, facts, mapping)
     rows_per_file = {f.path: f.num_rows for f in facts}
     if metadata is not None:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from pipeline.contract.schema import DEFAULT_MODULE_ID
+from pipeline.contract.schema import DEFAULT_MODULE_ID, ObservationLayout
 
 Batch = dict[str, dict[str, torch.Tensor]]
 """``{module_id: {column: Tensor}}``; a meta-batch is ``{"support": Batch, "query": Batch}``."""
@@ -29,6 +29,8 @@ Batch = dict[str, dict[str, torch.Tensor]]
 MODULE_COLUMN = "module_id"
 TRAINING_COLUMNS = ("obs", "actions", "rewards", "new_obs", "terminateds", "truncateds")
 """Columns a stream delivers when none are named, in this order, where the data has them."""
+IMAGE_COLUMNS = ("obs", "new_obs")
+"""Columns whose uint8 tensors are images that finalize turns into float on the device."""
 
 
 def default_columns(column_names: Collection[str]) -> tuple[str, ...]:
@@ -182,26 +184,56 @@ def gather(array: np.ndarray, order: np.ndarray, pin_memory: bool = False) -> to
     return out
 
 
-def finalize(batch: Mapping[str, Any], device: torch.device | str, *, non_blocking: bool = True):
+def finalize(
+    batch: Mapping[str, Any],
+    device: torch.device | str,
+    *,
+    non_blocking: bool = True,
+    obs_layout: ObservationLayout | None = None,
+):
     """Move every tensor of a (meta-)batch to ``device``, keeping the nesting.
 
     CPU: the tensors are returned as they are (no copy, no pinning). CUDA: each tensor is
     pinned if it is not already, copied with ``non_blocking`` on a side stream, and the
     current (compute) stream waits for that copy; ``record_stream`` keeps the caching
     allocator from reusing the memory while the compute stream may still read it.
+
+    uint8 ``obs`` and ``new_obs`` (images) cross as uint8, a quarter of float32's bytes,
+    and become float32 in ``[0, 1]`` on ``device``, ``[..., C, H, W]`` whatever
+    ``obs_layout`` (the stored axis order, ``CHW`` when ``None``) they came in.
     """
     device = torch.device(device)
     if device.type == "cpu":
-        return _map_tensors(batch, lambda tensor: tensor.cpu())
-    if device.type != "cuda":
-        return _map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=non_blocking))
-    compute = torch.cuda.current_stream(device)
-    side = _side_stream(device)
-    with torch.cuda.stream(side):
-        moved = _map_tensors(batch, lambda tensor: _copy_to_cuda(tensor, device, non_blocking))
-    compute.wait_stream(side)
-    _map_tensors(moved, lambda tensor: tensor.record_stream(compute))
-    return moved
+        moved = _map_tensors(batch, lambda tensor: tensor.cpu())
+    elif device.type != "cuda":
+        moved = _map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=non_blocking))
+    else:
+        compute = torch.cuda.current_stream(device)
+        side = _side_stream(device)
+        with torch.cuda.stream(side):
+            moved = _map_tensors(batch, lambda tensor: _copy_to_cuda(tensor, device, non_blocking))
+        compute.wait_stream(side)
+        _map_tensors(moved, lambda tensor: tensor.record_stream(compute))
+    return _images_to_float(moved, obs_layout or "CHW")
+
+
+def _images_to_float(value: Any, layout: ObservationLayout) -> Any:
+    if not isinstance(value, Mapping):
+        return value
+    return {
+        key: (
+            _image_to_float(item, layout)
+            if key in IMAGE_COLUMNS and isinstance(item, torch.Tensor) and item.dtype == torch.uint8
+            else _images_to_float(item, layout)
+        )
+        for key, item in value.items()
+    }
+
+
+def _image_to_float(images: torch.Tensor, layout: ObservationLayout) -> torch.Tensor:
+    if layout == "HWC":
+        images = images.movedim(-1, -3)
+    return images.to(torch.float32, memory_format=torch.contiguous_format).div_(255.0)
 
 
 def _copy_to_cuda(tensor: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from pipeline.contract.schema import DatasetError
+from pipeline.contract.schema import DatasetError, ObservationLayout
 from pipeline.streams.collate import Batch
 from pipeline.streams.epoch_feed import EpochFeed
 from pipeline.streams.slot import Batches, EpochEnd, Failed, LearnerSlot, Message
@@ -36,11 +36,14 @@ class StreamGroup:
         rows_per_batch: int,
         device: torch.device,
         stall_timeout_s: float,
+        obs_layout: ObservationLayout | None = None,
     ) -> None:
         self.feed = feed
         self.settings = settings
         self.rows_per_batch = rows_per_batch
         self.device = device
+        self.obs_layout = obs_layout
+        """Layout of uint8 image observations, for finalize; ``None`` without images."""
         self.board = ProgressBoard([f"learner-{r}" for r in ranks], stall_timeout_s)
         self.slots = [LearnerSlot(name=f"learner-{r}", rank=r) for r in ranks]
         self.started = False

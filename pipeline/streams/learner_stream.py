@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from pipeline.contract.schema import ObservationLayout
+from pipeline.reads.episodes import Episodes
 from pipeline.rows.feed import row_feed
 from pipeline.rows.options import RowStream
 from pipeline.streams.collate import Batch, finalize
@@ -48,8 +50,6 @@ from pipeline.tasks.windows import TaskWindows
 
 if TYPE_CHECKING:
     import ray.data
-
-    from pipeline.reads.episodes import Episodes
 
 __all__ = ["LearnerStream", "StreamStalledError", "split_for_learners"]
 
@@ -179,11 +179,14 @@ class LearnerStream:
         try:
             if self._first_take is None:
                 self._first_take = time.monotonic()
-            device = self._group.device
+            device, layout = self._group.device, self._group.obs_layout
             for _ in range(num_iters):
                 batch = self._next_batch()
-                # Collate already made CPU tensors: nothing to move on a CPU learner.
-                yield batch if device.type == "cpu" else finalize(batch, device)
+                if device.type == "cpu" and layout is None:
+                    # Collate already made CPU tensors: nothing to move or convert.
+                    yield batch
+                else:
+                    yield finalize(batch, device, obs_layout=layout)
         finally:
             self._release_take(token)
 
@@ -299,8 +302,18 @@ def split_for_learners(
         rows_per_batch=plan.rows_per_batch,
         device=device,
         stall_timeout_s=stall_timeout_s,
+        obs_layout=_obs_layout(data),
     )
     return [LearnerStream(slot, group) for slot in group.slots]
+
+
+def _obs_layout(data: RowStream | TaskStream) -> ObservationLayout | None:
+    """Layout of the data's uint8 image observations; ``None`` for float observations, and
+    for a Ray ``DataIterator``, which finalize still converts as ``CHW`` images."""
+    if isinstance(data, TaskStream):
+        samples = data.samples
+        return samples.schema.obs_layout if isinstance(samples, TaskWindows) else samples.obs_layout
+    return data.data.schema.obs_layout if isinstance(data.data, Episodes) else None
 
 
 class _Plan(NamedTuple):

@@ -2,9 +2,9 @@
 
 Output: ``OUT/train/`` and ``OUT/heldout/``, each a dataset of its own with
 ``part-NNNNN.parquet`` files (rows sorted by task, row groups of ``ROW_GROUP_SIZE``,
-observations and float actions as ``fixed_shape_tensor``) and a ``dataset.json`` naming
-every task's parameters and the arguments that rebuild it. Same arguments and seed, same
-bytes: nothing time- or machine-dependent is written.
+observations and float actions as ``fixed_shape_tensor``, images as uint8 ones) and a
+``dataset.json`` naming every task's parameters and the arguments that rebuild it. Same
+arguments and seed, same bytes: nothing time- or machine-dependent is written.
 """
 
 from __future__ import annotations
@@ -149,6 +149,8 @@ def _write_split(
         split=split,  # type: ignore[arg-type]
         description=family.description,
         observation_space=observation_space,
+        # Image families say the axis order of their uint8 observations.
+        observation_layout=getattr(family, "observation_layout", None),
         action_space=action_space,
         tasks=dict(zip(task_ids, params, strict=True)),
         generator=GeneratorInfo(name=family.name, args=arguments),
@@ -167,7 +169,7 @@ def _canonical_table(
         if name not in columns:
             continue
         values = columns[name]
-        if name in _TENSOR_COLUMNS and values.dtype == np.float32:
+        if name in _TENSOR_COLUMNS and values.dtype in (np.float32, np.uint8):
             arrays[name] = pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
         elif name == "eps_id" and values.dtype == object:
             arrays[name] = pa.array(values, type=pa.string())

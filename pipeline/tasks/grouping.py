@@ -32,7 +32,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.contract.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError, EpisodeSchema
+from pipeline.contract.schema import (
+    DEFAULT_MODULE_ID,
+    DEFAULT_TASK_ID,
+    DatasetError,
+    EpisodeSchema,
+    ObservationLayout,
+)
 from pipeline.io.arrow_columns import decoded
 from pipeline.reads.returns import INPUT_COLUMNS, returns_columns
 from pipeline.streams.collate import Batch, column_array, gather
@@ -64,6 +70,9 @@ class TaskSamples:
     """Index into ``module_ids`` for each group."""
     group_samples: np.ndarray = field(repr=False)
     """Disjoint samples each group gives per epoch (0 for skipped tasks)."""
+    obs_layout: ObservationLayout | None = None
+    """Axis order of uint8 image observations (``EpisodeSchema.obs_layout``), which
+    finalize turns into float ``[C, H, W]``; ``None`` for float observations."""
 
     @property
     def samples_per_epoch(self) -> int:
@@ -181,6 +190,7 @@ def grouped_samples(
     module_ids: tuple[str, ...],
     skipped_tasks: dict[str, int],
     fingerprint: str | None,
+    obs_layout: ObservationLayout | None = None,
 ) -> TaskSamples:
     """``TaskSamples`` of a table sorted by ``sort_by_task`` whose groups are ``groups``:
     its ``stored`` columns, then the ``derived`` ones computed with ``gamma``."""
@@ -205,6 +215,7 @@ def grouped_samples(
         group_offsets=groups.offsets,
         group_modules=np.array([module_ids.index(m) for m in groups.modules], dtype=np.int64),
         group_samples=np.where(small, 0, counts // size),
+        obs_layout=obs_layout,
     )
 
 

@@ -115,6 +115,7 @@ def task_samples(
         module_ids=tuple(sorted(set(groups.modules))),
         skipped_tasks=skipped,
         fingerprint=getattr(episodes, "fingerprint", None),
+        obs_layout=episodes.schema.obs_layout,
     )
 
 

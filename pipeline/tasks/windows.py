@@ -143,6 +143,7 @@ class TaskWindows:
             module_ids=self.module_ids,
             skipped_tasks={},
             fingerprint=self.fingerprint,
+            obs_layout=self.schema.obs_layout,
         )
 
     def _read_rows(self, window: Window) -> pa.Table:

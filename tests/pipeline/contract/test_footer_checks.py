@@ -59,17 +59,21 @@ def test_missing_column_named_by_the_column_map(tmp_path):
             "obs",
             pa.array(np.zeros(6, np.float32)),
             "float32",
-            "fixed_shape_tensor<float32> or fixed_size_list<float32>. Fix: write observations "
-            "with pyarrow.FixedShapeTensorArray.from_numpy_ndarray(obs.astype('float32')); "
-            "a 1-D observation has shape (1,)",
+            "fixed_shape_tensor<float32> or fixed_size_list<float32>, or "
+            "fixed_shape_tensor<uint8> of 3 dimensions (images). Fix: write observations "
+            "with pyarrow.FixedShapeTensorArray.from_numpy_ndarray(obs.astype('float32')), "
+            "images as uint8 [rows, C, H, W] or [rows, H, W, C]; a 1-D observation has "
+            "shape (1,)",
         ),
         (
             "obs",
             pa.FixedShapeTensorArray.from_numpy_ndarray(np.zeros((6, 3))),
             "fixed_shape_tensor<float64>[3]",
-            "fixed_shape_tensor<float32> or fixed_size_list<float32>. Fix: write observations "
-            "with pyarrow.FixedShapeTensorArray.from_numpy_ndarray(obs.astype('float32')); "
-            "a 1-D observation has shape (1,)",
+            "fixed_shape_tensor<float32> or fixed_size_list<float32>, or "
+            "fixed_shape_tensor<uint8> of 3 dimensions (images). Fix: write observations "
+            "with pyarrow.FixedShapeTensorArray.from_numpy_ndarray(obs.astype('float32')), "
+            "images as uint8 [rows, C, H, W] or [rows, H, W, C]; a 1-D observation has "
+            "shape (1,)",
         ),
         (
             "actions",

@@ -10,7 +10,7 @@ from pipeline.synthetic import GENERATORS, generate
 from tests.helpers.paths import REPO
 
 SAMPLES = REPO / "data" / "samples"
-NAMES = ("sinusoid", "point_robot", "point_robot_mixed")
+NAMES = ("sinusoid", "point_robot", "point_robot_mixed", "point_robot_pixels")
 _RUN_ARGUMENTS = ("tasks", "heldout_tasks", "seed", "rows_per_file")
 
 
