@@ -226,7 +226,8 @@ def _rollout_fields(
     if envs is None:
         return {}
     settings = cfg.evaluation
-    rollouts = roll_out_tasks(learner, meta_batch, task_ids, envs, settings)
+    layout = heldout.schema.obs_layout
+    rollouts = roll_out_tasks(learner, meta_batch, task_ids, envs, settings, obs_layout=layout)
     stats = rollouts.stats()
     returns = {policy: s.mean_return for policy, s in stats.items()}
     returns["behavior"] = _behavior_return(rewards, heldout.num_episodes)

@@ -24,6 +24,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from pipeline.contract.schema import ObservationLayout
+from pipeline.streams.collate import finalize
+
 
 class Observed(NamedTuple):
     """What a policy sees at one step of the episodes still running."""
@@ -127,6 +130,9 @@ class PolicyActions:
     sample: bool
     generator: torch.Generator
     """Draws of ``sample``."""
+    obs_layout: ObservationLayout | None = None
+    """Axis order of uint8 image observations (``CHW`` when None): they become float in
+    ``[0, 1]``, channels first, as in the training batches."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.action_space, gym.spaces.Box | gym.spaces.Discrete):
@@ -159,7 +165,10 @@ class PolicyActions:
 
     def _inputs(self, observed: Observed, params: Mapping[str, Tensor]) -> Tensor:
         like = next(iter(params.values()))
-        return torch.from_numpy(np.asarray(observed.obs)).to(device=like.device, dtype=like.dtype)
+        obs = torch.from_numpy(np.asarray(observed.obs))
+        if obs.dtype == torch.uint8:
+            obs = finalize({"obs": obs}, like.device, obs_layout=self.obs_layout)["obs"]
+        return obs.to(device=like.device, dtype=like.dtype)
 
     def _act(self, outputs: Tensor | Mapping[str, Tensor]) -> np.ndarray:
         if isinstance(self.action_space, gym.spaces.Discrete):

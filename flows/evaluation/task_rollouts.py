@@ -30,6 +30,7 @@ from flows.evaluation.rollouts import (
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import task_slice
 from learners.models.factory import build_model
+from pipeline.contract.schema import ObservationLayout
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,13 @@ def roll_out_tasks(
     task_ids: Sequence[str],
     envs: HeldoutEnvs,
     settings: EvaluationConfig,
+    *,
+    obs_layout: ObservationLayout | None = None,
 ) -> TaskRollouts:
     """Adapt to each of ``task_ids`` (rows of ``meta_batch``) on its support transitions with
-    ``rollout_adapt_steps`` inner steps, then roll every policy out (module docstring)."""
+    ``rollout_adapt_steps`` inner steps, then roll every policy out (module docstring).
+    ``obs_layout``: the held-out data's image layout, which the environment's uint8
+    observations share (they reach the policy as the batches do, ``pipeline.streams.collate``)."""
     # The policy: the module that reads its own rows (MACAW's value module reads the
     # policy's and has no actions to roll out).
     (module,) = learner.config.data_modules
@@ -109,7 +114,9 @@ def roll_out_tasks(
     episodes = settings.rollout_episodes
     rows = [envs.make(task_id) for task_id in task_ids for _ in range(episodes)]
     generator = torch.Generator(device=learner.device).manual_seed(settings.seed)
-    actions = PolicyActions(model, rows[0].action_space, settings.sample, generator)
+    actions = PolicyActions(
+        model, rows[0].action_space, settings.sample, generator, obs_layout=obs_layout
+    )
     policies = TaskPolicies(
         task_ids=tuple(task_ids),
         envs=envs,

@@ -45,6 +45,12 @@ def test_the_pixel_sample_trains_evaluates_publishes_and_loads(tmp_path: Path) -
     report = evaluate_learner.fn(cfg, trained, datasets)
     assert report.tasks == 4 and set(report.query_loss) == {0, 1}
     assert all(math.isfinite(loss) for loss in report.query_loss.values())
+    # Rolled out in the pixel env (evaluation.env): uint8 frames reach the policy as the
+    # training batches do, floats in [0, 1].
+    metrics = report.metrics()
+    for policy in ("adapted", "unadapted"):
+        assert math.isfinite(metrics[f"heldout_return_{policy}"])
+        assert 0.0 <= metrics[f"heldout_success_{policy}"] <= 1.0
     ref = publish_result.fn(cfg, trained, report, datasets, "local")
 
     manifest = ArtifactStore(cfg.artifacts.root).get(str(ref))
