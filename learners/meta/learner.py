@@ -438,6 +438,9 @@ class MetaLearner:
             }
             for m in query_losses
         }
+        if len(query_losses) == 1:  # the sum of one loss is that loss, exactly
+            (total,) = query_losses.values()
+            return total, aux
         return torch.stack(list(query_losses.values())).sum(), aux
 
     def _adapt_curve(
