@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ class ModuleCall:
     that one is shaped `[B, *obs_shape]`. Built by the learners; a loss only calls it.
     """
 
-    __slots__ = ("_buffers", "_modules", "_obs_shapes", "_params", "module_id")
+    __slots__ = ("_buffers", "_modules", "_obs_shapes", "_params", "_untied", "module_id")
 
     def __init__(
         self,
@@ -43,6 +43,8 @@ class ModuleCall:
         params: Params,
         buffers: Params,
         obs_shapes: Mapping[str, tuple[int, ...]] | None = None,
+        *,
+        untied: Collection[str] = (),
     ) -> None:
         self.module_id = module_id
         """The module whose loss is being computed."""
@@ -50,6 +52,9 @@ class ModuleCall:
         self._params = params
         self._buffers = buffers
         self._obs_shapes = obs_shapes or {}
+        # Modules known to reach no tensor by two names (`untied_modules`): torch's pass that
+        # ties the names of shared tensors would find nothing to do, at a cost per call.
+        self._untied = untied
 
     def __call__(self, module_id: str, *inputs: Tensor) -> Any:
         params = self._params.get(module_id)
@@ -64,7 +69,22 @@ class ModuleCall:
             flat = (inputs[0].reshape(inputs[0].shape[0], *shape), *flat[1:])
         buffers = self._buffers.get(module_id)
         weights = (params, buffers) if buffers else params
-        return functional_call(self._modules[module_id], weights, flat)
+        tie = module_id not in self._untied
+        return functional_call(self._modules[module_id], weights, flat, tie_weights=tie)
+
+
+def untied_modules(modules: Mapping[str, nn.Module]) -> frozenset[str]:
+    """The modules none of whose parameters or buffers is reachable by two names (no tied
+    weights), for `ModuleCall(untied=...)`."""
+    untied = set()
+    for module_id, module in modules.items():
+        named = [
+            *module.named_parameters(remove_duplicate=False),
+            *module.named_buffers(remove_duplicate=False),
+        ]
+        if len({id(tensor) for _, tensor in named}) == len(named):
+            untied.add(module_id)
+    return frozenset(untied)
 
 
 LossFn = Callable[[ModuleCall, Mapping[str, Tensor]], Tensor]

@@ -25,12 +25,15 @@ __all__ = [
     "dynamo_error",
     "foreach_add",
     "foreach_add_",
+    "foreach_addcdiv_",
     "foreach_addcmul_",
     "foreach_copy_",
     "foreach_div",
     "foreach_div_",
     "foreach_lerp",
+    "foreach_lerp_",
     "foreach_mul",
+    "foreach_mul_",
     "foreach_norm",
     "foreach_sqrt",
     "foreach_sub",
@@ -62,16 +65,20 @@ check_torch_version(torch.__version__)
 
 # torch._foreach_*: one fused call over a list of tensors, as torch.optim's foreach path
 # runs; torch has no public list-of-tensors arithmetic. Same signatures in 2.11 and 2.13
-# (a Tensor scalar is accepted by mul, div and add). None of them has a vmap rule: the inner
-# (vmapped) update uses per-tensor ops instead.
+# (a Tensor scalar is accepted by mul, div and add; addcdiv_ takes a list of Python scalars,
+# one per tensor, as torch.optim.Adam's multi-tensor step passes them). None of them has a
+# vmap rule: the inner (vmapped) update uses per-tensor ops instead.
 foreach_add = torch._foreach_add
 foreach_add_ = torch._foreach_add_
+foreach_addcdiv_ = torch._foreach_addcdiv_
 foreach_addcmul_ = torch._foreach_addcmul_
 foreach_copy_ = torch._foreach_copy_
 foreach_div = torch._foreach_div
 foreach_div_ = torch._foreach_div_
 foreach_lerp = torch._foreach_lerp
+foreach_lerp_ = torch._foreach_lerp_
 foreach_mul = torch._foreach_mul
+foreach_mul_ = torch._foreach_mul_
 foreach_norm = torch._foreach_norm
 foreach_sqrt = torch._foreach_sqrt
 foreach_sub = torch._foreach_sub

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from learners.config import InnerConfig
 from learners.inner.optim import NamedTensors, inner_optimizer
-from learners.losses import LossFn, ModuleCall
+from learners.losses import LossFn, ModuleCall, untied_modules
 from learners.params import Batch, Params
 from learners.torch_compat import in_vmap
 from learners.transforms import StepInputs, descend, global_norm
@@ -89,6 +89,7 @@ class DifferentiableLearner:
         self._losses = {m: losses[m] for m in chosen}
         self._buffers = {m: dict((buffers or {}).get(m, {})) for m in self._modules}
         self._obs_shapes = dict(obs_shapes or {})
+        self._untied = untied_modules(self._modules)
         self._optimizer = inner_optimizer(config)
         self._guarded = config.nonfinite != "error"
         # Each module differentiates its own flat dict (a nested pytree costs about 4% more
@@ -173,7 +174,14 @@ class DifferentiableLearner:
     ) -> Tensor:
         """`module_id`'s loss with its parameters `own` and the other modules' in `others`."""
         params = {**others, module_id: own}
-        call = ModuleCall(module_id, self._modules, params, self._buffers, self._obs_shapes)
+        call = ModuleCall(
+            module_id,
+            self._modules,
+            params,
+            self._buffers,
+            self._obs_shapes,
+            untied=self._untied,
+        )
         return self._losses[module_id](call, columns)
 
     def _module_loss_and_aux(

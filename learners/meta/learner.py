@@ -427,8 +427,8 @@ class MetaLearner:
         lrs = lrs_from_log(log_lrs, params, self.config.inner.learned_lr) if log_lrs else None
         adapted, inner = self._rule.adapt(params, support, lrs=lrs)
         query_losses = self._rule.outer_losses(adapted, query)
-        with torch.no_grad():
-            after = self._rule.inner_losses(detach_params(adapted), support)
+        with torch.no_grad():  # a record: no graph, so the adapted values need no detach
+            after = self._rule.inner_losses(adapted, support)
         aux = {
             m: {
                 "query_loss": query_losses[m].detach(),
@@ -438,6 +438,9 @@ class MetaLearner:
             }
             for m in query_losses
         }
+        if len(query_losses) == 1:  # the sum of one loss is that loss, exactly
+            (total,) = query_losses.values()
+            return total, aux
         return torch.stack(list(query_losses.values())).sum(), aux
 
     def _adapt_curve(
@@ -464,9 +467,15 @@ class MetaLearner:
         # would change the reported losses in their last bit.
         stacked = {m: torch.stack([a[key] for key in _AUX], dim=1).mean(0) for m, a in aux.items()}
         means = {m: dict(zip(_AUX, mean.unbind(), strict=True)) for m, mean in stacked.items()}
-        total = dict(zip(_AUX, torch.stack(list(stacked.values())).sum(0).unbind(), strict=True))
+        if len(means) == 1:  # the sums over one module are its values, exactly
+            (total,) = means.values()
+            (nonfinite_tasks,) = nonfinite.values()
+        else:
+            sums = torch.stack(list(stacked.values())).sum(0).unbind()
+            total = dict(zip(_AUX, sums, strict=True))
+            nonfinite_tasks = torch.stack(list(nonfinite.values())).sum()
         metrics: dict[str, Tensor | int] = {key: total[key] for key in _LOSSES}
-        metrics["inner_nonfinite_tasks"] = torch.stack(list(nonfinite.values())).sum()
+        metrics["inner_nonfinite_tasks"] = nonfinite_tasks
         metrics["num_tasks"] = num_tasks
         if len(means) > 1:
             for m, mean in means.items():

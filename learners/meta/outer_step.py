@@ -25,6 +25,7 @@ from torch import Tensor
 
 from learners.config import OuterConfig
 from learners.inner.differentiable import NonFiniteGradientError, raise_on_nonfinite
+from learners.meta.host_update import step_in_place
 from learners.meta.outer_optim import (
     TorchAdamState,
     TorchMomentumState,
@@ -43,6 +44,7 @@ from learners.transforms import (
     chain,
     clip_by_global_norm,
     descend,
+    global_norm,
     skip_nonfinite,
     tree_tensors,
 )
@@ -109,7 +111,8 @@ class OuterRule:
     slots: type[NamedTuple] | None = field(init=False, compare=False, repr=False)
     """The state type of the link that keeps torch's slots (None: SGD without momentum);
     its field names are the slot names."""
-    _slot_link: int | None = field(init=False, compare=False, repr=False)
+    slot_link: int | None = field(init=False, compare=False, repr=False)
+    """Which link of the chain keeps `slots` (None without one)."""
     _links: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -131,7 +134,7 @@ class OuterRule:
         # A frozen dataclass: the derived fields are set once, here.
         object.__setattr__(self, "transform", transform)
         object.__setattr__(self, "slots", slots)
-        object.__setattr__(self, "_slot_link", slot_link)
+        object.__setattr__(self, "slot_link", slot_link)
         object.__setattr__(self, "_links", len(links))
 
     @classmethod
@@ -156,8 +159,8 @@ class OuterRule:
     def opt_state(self, slots: Any, norm: Tensor, finite: Tensor) -> NonFiniteState:
         """The transform's state around `slots` (a `self.slots`, or None without one)."""
         links: list[Any] = [EmptyState()] * self._links
-        if self._slot_link is not None:
-            links[self._slot_link] = slots
+        if self.slot_link is not None:
+            links[self.slot_link] = slots
         return NonFiniteState(tuple(links), norm, finite)
 
 
@@ -259,12 +262,70 @@ class OuterStep:
         return OuterState(self._values, opt, self._seq_no, self._failure)
 
     def apply(self, grads: list[Tensor], inner: InnerCheck | None) -> dict[str, Tensor]:
-        """One eager outer update of the live state; returns its metrics."""
+        """One eager outer update of the live state; returns its metrics (those of
+        `outer_update`).
+
+        On the CPU it decides in Python whether the step applies and steps in place
+        (`learners.meta.host_update`): reading a CPU tensor waits for nothing. Elsewhere it
+        runs `outer_update`, which never reads a value back from the device."""
         with torch.no_grad():
             live = self.state()
+            if self._values[0].device.type == "cpu":
+                return self._apply_in_place(live, grads, inner)
             new, metrics = outer_update(self.rule, live, grads, inner)
             self.write(live, new)
         return metrics
+
+    def _apply_in_place(
+        self, live: OuterState, grads: list[Tensor], inner: InnerCheck | None
+    ) -> dict[str, Tensor]:
+        """`outer_update`'s step and bookkeeping, decided on the host and written in place."""
+        rule = self.rule
+        norm = global_norm(grads, foreach=True)
+        finite = bool(torch.isfinite(norm))
+        failure = self._failure
+        kind = int(failure.kind)
+        if kind == _NONE:
+            inner_failed = inner is not None and bool(inner.tasks.any())
+            if inner_failed:  # an inner failure is the one reported
+                kind = _INNER
+            elif rule.outer_error and not finite:
+                kind = _OUTER
+            if kind != _NONE:
+                self._record(kind, norm, inner)
+            elif finite:
+                slots = live.opt.inner[rule.slot_link] if rule.slot_link is not None else None
+                step_in_place(
+                    live.leaves,
+                    grads,
+                    slots,
+                    norm,
+                    lrs=rule.lrs,
+                    weight_decays=rule.weight_decays,
+                    betas=rule.betas,
+                    eps=rule.eps,
+                    momentum=rule.momentum,
+                    clip_norm=rule.clip_norm,
+                )
+                self._seq_no += 1
+        self._norm.copy_(norm)
+        self._finite.fill_(finite)
+        skipped = not finite and kind == _NONE
+        return {
+            "grad_norm": norm,
+            "outer_skipped": torch.tensor(int(skipped), dtype=self._seq_no.dtype),
+            "weights_seq_no": self._seq_no.clone(),
+        }
+
+    def _record(self, kind: int, norm: Tensor, inner: InnerCheck | None) -> None:
+        """Write the first failure into the live record (read only once it holds one)."""
+        failure = self._failure
+        failure.kind.fill_(kind)
+        failure.seq_no.copy_(self._seq_no)
+        failure.norm.copy_(norm)
+        if inner is not None:
+            failure.inner_tasks.copy_(inner.tasks)
+            failure.num_tasks.fill_(inner.num_tasks)
 
     def write(self, live: OuterState, new: OuterState) -> None:
         """Copy `new` into the live tensors `live` (from `state()`)."""

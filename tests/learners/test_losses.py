@@ -18,6 +18,7 @@ from learners import (
     mse_loss,
     resolve_loss,
 )
+from learners.losses import untied_modules
 from tests.helpers.tolerances import largest, rounding_tolerance
 
 
@@ -170,3 +171,31 @@ def test_every_head_and_loss_meta_trains(spec, actions, vectorize):
     assert losses[-1] < losses[0]
     curve = learner.evaluate(meta_batch, steps=(0, 1))
     assert curve[1] < curve[0]
+
+
+class _Tied(nn.Module):
+    """Two layers sharing one weight: one tensor reachable by two names."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(2, 2, bias=False)
+        self.second = nn.Linear(2, 2, bias=False)
+        self.second.weight = self.first.weight
+
+    def forward(self, obs):
+        return self.second(torch.relu(self.first(obs)))
+
+
+def test_only_modules_without_shared_tensors_are_called_untied():
+    models = {"tied": _Tied(), "plain": nn.Linear(2, 1)}
+    assert untied_modules(models) == frozenset({"plain"})
+
+
+def test_a_tied_weight_given_once_reaches_both_of_its_names():
+    model = _Tied()
+    weight = torch.randn(2, 2)
+    params = {"tied": {"first.weight": weight}}
+    obs = torch.randn(3, 2)
+    call = ModuleCall("tied", {"tied": model}, params, {}, untied=untied_modules({"tied": model}))
+    expected = torch.relu(obs @ weight.T) @ weight.T
+    assert torch.equal(call("tied", obs), expected)

@@ -1,6 +1,7 @@
-"""The functional outer update against `torch.optim` (Adam, SGD with momentum, weight decay,
-per-group learning rates, clipping), its state in the optimizer's own format, and the
-non-finite policies recorded without a device sync."""
+"""The outer update against `torch.optim` (Adam, SGD with momentum, weight decay, per-group
+learning rates, clipping), its state in the optimizer's own format, and the non-finite
+policies: both forms, the pure `outer_update` (compiled steps, GPUs: recorded without a device
+sync) and the in-place one `OuterStep.apply` runs on the CPU."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from learners import OuterConfig
 from learners.inner.differentiable import NonFiniteGradientError
-from learners.meta.outer_step import InnerCheck, OuterRule, OuterStep
+from learners.meta.outer_step import InnerCheck, OuterRule, OuterStep, outer_update
 from tests.helpers.tolerances import largest, trajectory_tolerance
 
 _SHAPES = [(5, 3), (5,), (2, 5), (2,)]
@@ -40,6 +41,22 @@ def _optimizer(config: OuterConfig, leaves: list[torch.Tensor]) -> torch.optim.O
     return torch.optim.SGD(groups, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
+def _pure(outer: OuterStep, grads: list[torch.Tensor], inner: InnerCheck | None) -> dict:
+    """`outer_update` on the live state, written back: what the compiled step runs."""
+    with torch.no_grad():
+        live = outer.state()
+        new, metrics = outer_update(outer.rule, live, grads, inner)
+        outer.write(live, new)
+    return metrics
+
+
+def _in_place(outer: OuterStep, grads: list[torch.Tensor], inner: InnerCheck | None) -> dict:
+    return outer.apply(grads, inner)
+
+
+_FORMS = pytest.mark.parametrize("apply", [_pure, _in_place], ids=["pure", "in-place"])
+
+
 def _functional(config: OuterConfig, dtype: torch.dtype) -> tuple[OuterStep, list[torch.Tensor]]:
     leaves = _leaves(dtype)
     optimizer = _optimizer(config, leaves)
@@ -57,13 +74,14 @@ def _functional(config: OuterConfig, dtype: torch.dtype) -> tuple[OuterStep, lis
     ],
     ids=["adam-decay", "adam-clip", "sgd-momentum-decay", "sgd-clip"],
 )
-def test_the_functional_update_equals_torch_optim(config, dtype):
+@_FORMS
+def test_the_functional_update_equals_torch_optim(config, dtype, apply):
     outer, leaves = _functional(config, dtype)
     reference = _leaves(dtype)
     optimizer = _optimizer(config, reference)
     for step in range(_STEPS):
         grads = _grads(dtype, step)
-        metrics = outer.apply(grads, None)
+        metrics = apply(outer, grads, None)
         for leaf, grad in zip(reference, grads, strict=True):
             leaf.grad = grad.clone()
         if config.clip_norm is not None:
@@ -78,6 +96,9 @@ def test_the_functional_update_equals_torch_optim(config, dtype):
     atol = trajectory_tolerance(
         dtype, steps=_STEPS, step_size=size, params_magnitude=largest(reference), ops=_OPS
     )
+    # The in-place form is torch's own arithmetic in torch's order: equal to the last bit.
+    if apply is _in_place:
+        atol = 0
     for mine, theirs in zip(leaves, reference, strict=True):
         torch.testing.assert_close(mine.detach(), theirs.detach(), rtol=0, atol=atol)
     assert outer.weights_seq_no == _STEPS
@@ -91,7 +112,8 @@ def test_the_functional_update_equals_torch_optim(config, dtype):
             assert (mine.dtype, mine.device, mine.shape) == (value.dtype, value.device, value.shape)
 
 
-def test_a_state_written_by_torch_optim_continues_functionally():
+@_FORMS
+def test_a_state_written_by_torch_optim_continues_functionally(apply):
     config = OuterConfig(lr=0.01)
     outer, leaves = _functional(config, torch.float64)
     reference = _leaves(torch.float64)
@@ -108,7 +130,7 @@ def test_a_state_written_by_torch_optim_continues_functionally():
             outer._optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
             outer.reset(step + 1)
         else:
-            outer.apply(grads, None)
+            apply(outer, grads, None)
     atol = trajectory_tolerance(
         torch.float64, steps=2, step_size=0.01, params_magnitude=largest(reference), ops=_OPS
     )
@@ -117,18 +139,19 @@ def test_a_state_written_by_torch_optim_continues_functionally():
     assert outer.weights_seq_no == _STEPS
 
 
-def test_updates_after_the_optimizer_loads_a_state_go_into_the_loaded_tensors():
+@_FORMS
+def test_updates_after_the_optimizer_loads_a_state_go_into_the_loaded_tensors(apply):
     outer, leaves = _functional(OuterConfig(lr=0.01), torch.float64)
-    outer.apply(_grads(torch.float64, 0), None)
+    apply(outer, _grads(torch.float64, 0), None)
     saved = copy.deepcopy(outer._optimizer.state_dict())
     values = [leaf.detach().clone() for leaf in leaves]
-    outer.apply(_grads(torch.float64, 1), None)
+    apply(outer, _grads(torch.float64, 1), None)
     expected = copy.deepcopy(outer._optimizer.state_dict())
     with torch.no_grad():
         for leaf, value in zip(leaves, values, strict=True):
             leaf.copy_(value)
     outer._optimizer.load_state_dict(saved)  # the live state is read again, reset or not
-    outer.apply(_grads(torch.float64, 1), None)
+    apply(outer, _grads(torch.float64, 1), None)
     mine = outer._optimizer.state_dict()["state"]
     for index, theirs in expected["state"].items():
         for name, value in theirs.items():
@@ -141,22 +164,23 @@ def _nan_grads(step: int) -> list[torch.Tensor]:
     return grads
 
 
-def test_a_nonfinite_meta_gradient_is_skipped_or_halts_until_the_check():
+@_FORMS
+def test_a_nonfinite_meta_gradient_is_skipped_or_halts_until_the_check(apply):
     skipping, leaves = _functional(OuterConfig(nonfinite="skip"), torch.float64)
-    skipping.apply(_grads(torch.float64, 0), None)
+    apply(skipping, _grads(torch.float64, 0), None)
     before = [leaf.detach().clone() for leaf in leaves]
-    metrics = skipping.apply(_nan_grads(1), None)
+    metrics = apply(skipping, _nan_grads(1), None)
     assert int(metrics["outer_skipped"]) == 1 and skipping.weights_seq_no == 1
     assert all(torch.equal(leaf, b) for leaf, b in zip(leaves, before, strict=True))
     skipping.check_finite()
-    metrics = skipping.apply(_grads(torch.float64, 2), None)
+    metrics = apply(skipping, _grads(torch.float64, 2), None)
     assert int(metrics["outer_skipped"]) == 0 and skipping.weights_seq_no == 2
 
     halting, leaves = _functional(OuterConfig(), torch.float64)
-    halting.apply(_grads(torch.float64, 0), None)
+    apply(halting, _grads(torch.float64, 0), None)
     before = [leaf.detach().clone() for leaf in leaves]
     for step in (1, 2):  # the non-finite step, then one that would be fine
-        metrics = halting.apply(_nan_grads(1) if step == 1 else _grads(torch.float64, 2), None)
+        metrics = apply(halting, _nan_grads(1) if step == 1 else _grads(torch.float64, 2), None)
         assert int(metrics["outer_skipped"]) == 0
     assert halting.weights_seq_no == 1
     assert all(torch.equal(leaf, b) for leaf, b in zip(leaves, before, strict=True))
@@ -170,11 +194,12 @@ def test_a_nonfinite_meta_gradient_is_skipped_or_halts_until_the_check():
     halting.check_finite()
 
 
-def test_an_inner_failure_halts_the_update_whatever_the_meta_gradient():
+@_FORMS
+def test_an_inner_failure_halts_the_update_whatever_the_meta_gradient(apply):
     outer, leaves = _functional(OuterConfig(), torch.float64)
     before = [leaf.detach().clone() for leaf in leaves]
     inner = InnerCheck(torch.tensor([2]), num_tasks=5)
-    outer.apply(_grads(torch.float64, 0), inner)
+    apply(outer, _grads(torch.float64, 0), inner)
     assert outer.weights_seq_no == 0
     assert all(torch.equal(leaf, b) for leaf, b in zip(leaves, before, strict=True))
     with pytest.raises(NonFiniteGradientError) as error:
