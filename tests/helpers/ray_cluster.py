@@ -42,6 +42,7 @@ from tests.helpers.paths import REPO
 RAY = str(Path(sys.executable).with_name("ray"))
 _START_TIMEOUT_S = 90.0
 _STOP_TIMEOUT_S = 30.0
+_UNSHARE = ["unshare", "--mount", "--propagation", "private"]
 
 _WAIT_FOR_NODES = """
 import sys, time, ray
@@ -88,8 +89,7 @@ def mount_namespaces_refusal() -> str | None:
     with tempfile.TemporaryDirectory(prefix="offmeta-ns-") as probe:
         try:
             done = subprocess.run(
-                ["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs"]
-                + ["tmpfs", probe],
+                [*_UNSHARE, "mount", "-t", "tmpfs", "tmpfs", probe],
                 capture_output=True,
                 text=True,
                 timeout=30,
@@ -152,8 +152,7 @@ def ray_cluster(
                     f"mount -t tmpfs tmpfs {shlex.quote(str(path))}"
                     for path in _mount_points(hidden)
                 )
-                argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
-                process = _start([*argv, f"{mounts} && exec {start}"], env, log)
+                process = _start([*_UNSHARE, "sh", "-c", f"{mounts} && exec {start}"], env, log)
                 processes.append(process)
                 nodes.append(WorkerNode(process, log))
             _wait_for_nodes(address, 1 + worker_nodes, env, processes, head_log)
@@ -246,4 +245,3 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
