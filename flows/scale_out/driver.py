@@ -1,10 +1,14 @@
 """Meta-training on ``learners.num_learners`` Ray Train workers (``TorchTrainer``).
 
-``train_on_ray`` reads top to bottom: task samples (read once, here, then shared through
-Ray's object store) -> the initial learner state (warm start included, so every worker
-starts identical) -> how many CPUs a worker may hold -> ``TorchTrainer.fit`` -> the
-``TrainResult`` of the final checkpoint (``flows.runs.train_state``, as in process), with the
-restart count.
+``train_on_ray`` reads top to bottom: what the workers read (the validated dataset's files
+and the task-sampling options, never its rows) -> the initial learner state (warm start
+included, so every worker starts identical) -> how many CPUs a worker may hold ->
+``TorchTrainer.fit`` -> the ``TrainResult`` of the final checkpoint
+(``flows.runs.train_state``, as in process), with the restart count and the nodes the
+workers ran on.
+
+The driver holds no task sample: each worker reads its own share from local disk or S3
+(``flows.scale_out.worker``), so the driver's memory does not grow with the dataset.
 
 Fault tolerance is Ray Train's: a worker that dies takes its worker group down, and Ray
 Train starts a new one (up to ``ray.max_failures`` times) that resumes from the last
@@ -15,6 +19,7 @@ checkpoint reported through ``ray.train.report``. The run directory
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping
@@ -27,9 +32,10 @@ from flows.config import MetaTrainConfig
 from flows.runs.retry_policy import is_permanent
 from flows.runs.train_state import TrainResult, train_result
 from flows.scale_out.worker import WorkerFault, train_loop_per_worker
-from flows.stages.train import build_task_samples, warm_start
+from flows.stages.task_checks import sampling_options
+from flows.stages.train import warm_start
 from learners.meta.learner import MetaLearner
-from pipeline.reads.episodes import Episodes
+from pipeline.reads.episodes import DatasetInfo, Episodes
 
 _log = logging.getLogger(__name__)
 
@@ -84,10 +90,11 @@ def train_on_ray(
 ) -> TrainResult:
     """Meta-train on ``data`` with ``cfg.learners.num_learners`` Ray Train workers.
 
-    Each worker draws ``tasks.meta_batch`` tasks per meta-step from its own share of the
-    task samples (``split_for_learners(TaskStream(samples, ranks=[rank]), ...)``), so one
-    meta-step sees ``num_learners * meta_batch`` tasks and the averaged meta-gradient equals
-    one learner's over all of them. Needs a running Ray session
+    Each worker reads the task samples itself (``read_task_samples``: in memory, or window
+    by window with ``tasks.mode: stream``) and draws ``tasks.meta_batch`` tasks per
+    meta-step from its own share (``split_for_learners(TaskStream(samples, ranks=[rank]),
+    ...)``), so one meta-step sees ``num_learners * meta_batch`` tasks and the averaged
+    meta-gradient equals one learner's over all of them. Needs a running Ray session
     (``flows.process.runtime.ray_session``). ``fault`` is a drill: that worker kills itself
     once, and the run must recover.
     """
@@ -100,14 +107,14 @@ def train_on_ray(
     if learners < 1:
         raise ValueError(f"learners.num_learners must be >= 1 on Ray Train, got {learners}")
     tasks, training = cfg.tasks, cfg.training
-    samples = build_task_samples(cfg, data, logger)
     scaling = scaling_config(cfg, ray.cluster_resources())
     initial_state, parent = _initial_state(cfg, logger)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
             "cfg": cfg.model_dump(mode="json"),
-            "samples": ray.put(samples),
+            "dataset": without_rows(data),
+            "sampling": sampling_options(cfg),
             "initial_state": initial_state,
             "parent": parent,
             "use_gpu": scaling.use_gpu,
@@ -132,6 +139,9 @@ def train_on_ray(
     )
     result = _fit(trainer)
     attempts = result.return_value
+    logger.info("task samples: %s", attempts["tasks"])
+    if attempts["tasks"]["skipped_tasks"]:
+        logger.warning("left out %d tasks smaller than K + Q", attempts["tasks"]["skipped_tasks"])
     if attempts["restarts"]:
         logger.warning(
             "the worker group was restarted %d time(s); the last attempt resumed from iteration %s",
@@ -139,13 +149,22 @@ def train_on_ray(
             attempts["resumed_from"],
         )
     # The storage is a local (or shared) filesystem path: the checkpoint is read in place.
-    return train_result(
+    trained = train_result(
         Path(result.checkpoint.path),
         iterations=training.iterations,
         resumed_from=attempts["resumed_from"],
-        tasks=samples.summary(),
+        tasks=attempts["tasks"],
         restarts=attempts["restarts"],
         num_learners=learners,
+    )
+    return dataclasses.replace(trained, worker_nodes=tuple(attempts["worker_nodes"]))
+
+
+def without_rows(data: DatasetInfo) -> DatasetInfo:
+    """``data``'s validated description (files, schema, filesystem), without its Ray
+    Dataset: what a worker needs to read the rows itself."""
+    return DatasetInfo(
+        **{field.name: getattr(data, field.name) for field in dataclasses.fields(DatasetInfo)}
     )
 
 

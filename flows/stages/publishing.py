@@ -74,6 +74,7 @@ def publish(
             "resumed_from_iteration": trained.resumed_from,
             "restarts": trained.restarts,
             "num_learners": trained.num_learners,
+            "worker_nodes": list(trained.worker_nodes),
             "checkpoint": Path(trained.checkpoint).absolute().as_uri(),
         },
     )

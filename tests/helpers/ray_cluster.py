@@ -52,6 +52,7 @@ while sum(node["Alive"] for node in ray.nodes()) < int(sys.argv[2]):
     if time.monotonic() > deadline:
         sys.exit(f"{sum(n['Alive'] for n in ray.nodes())} of {sys.argv[2]} nodes joined")
     time.sleep(0.5)
+print(next(n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n["Resources"]))
 """
 
 
@@ -81,6 +82,7 @@ class RayCluster:
     checkout on ``PYTHONPATH``), on top of ``os.environ``."""
     hidden: Path
     """A directory of the head that the worker nodes do not see (a tmpfs there)."""
+    head_node_id: str
     worker_nodes: tuple[WorkerNode, ...]
 
 
@@ -155,8 +157,8 @@ def ray_cluster(
                 process = _start([*_UNSHARE, "sh", "-c", f"{mounts} && exec {start}"], env, log)
                 processes.append(process)
                 nodes.append(WorkerNode(process, log))
-            _wait_for_nodes(address, 1 + worker_nodes, env, processes, head_log)
-            yield RayCluster(address, environment, hidden, tuple(nodes))
+            head_id = _wait_for_nodes(address, 1 + worker_nodes, env, processes, head_log)
+            yield RayCluster(address, environment, hidden, head_id, tuple(nodes))
         finally:
             for process in reversed(processes):
                 _stop(process)
@@ -192,8 +194,9 @@ def _wait_for_nodes(
     env: dict[str, str],
     processes: list[subprocess.Popen[bytes]],
     log: Path,
-) -> None:
-    """Wait until ``count`` nodes are alive; fail at once when a node's process exits."""
+) -> str:
+    """Wait until ``count`` nodes are alive (fail at once when a node's process exits);
+    returns the head's node id."""
     argv = [sys.executable, "-c", _WAIT_FOR_NODES, address, str(count), str(_START_TIMEOUT_S)]
     waiter = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + _START_TIMEOUT_S + 30
@@ -203,13 +206,14 @@ def _wait_for_nodes(
             waiter.kill()
             break
         time.sleep(0.2)
-    _, err = waiter.communicate()
+    out, err = waiter.communicate()
     if waiter.returncode != 0:
         tail = log.read_text(errors="replace")[-2000:]
         raise RuntimeError(
             f"the Ray cluster at {address} did not start ({count} nodes expected): "
             f"{err.decode(errors='replace').strip()[-1000:]}\nthe head's log ends:\n{tail}"
         )
+    return out.decode().strip().splitlines()[-1]
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
