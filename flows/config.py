@@ -138,7 +138,17 @@ class TrainingConfig(BaseModel):
         "runs",
         description="The runs root: one directory per run, <checkpoint_dir>/<id of the flow "
         "run that started it>/ (run.json, checkpoints/, finished.json); offmeta run --resume "
-        "continues an unfinished one.",
+        "continues an unfinished one. A directory, a file:// URI or s3://bucket/prefix (S3 "
+        "endpoint and credentials from the standard AWS_* environment variables; Ray Train "
+        "runs only, learners.num_learners > 0). A Ray cluster of more than one node needs "
+        "s3:// or a shared filesystem (shared_filesystem).",
+    )
+    shared_filesystem: bool = Field(
+        False,
+        description="checkpoint_dir and the datasets' local paths are on a filesystem every "
+        "node of the Ray cluster mounts at the same path (NFS, Lustre...); without it a run on "
+        "a cluster of more than one node refuses local paths before training "
+        "(docs/run-storage.md).",
     )
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept per run.")
     keep_runs: int = Field(
@@ -182,6 +192,18 @@ class TrainingConfig(BaseModel):
         "step), never past the next checkpoint, so resuming stays exact; 0: the learner's "
         "thread takes them.",
     )
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _valid_checkpoint_dir(cls, checkpoint_dir: str) -> str:
+        if "://" in checkpoint_dir:
+            try:
+                parse_root(
+                    checkpoint_dir, what="training.checkpoint_dir", writer="offmeta's run storage"
+                )
+            except UnsupportedRootError as error:
+                raise ValueError(str(error)) from None
+        return checkpoint_dir
 
     @field_validator("device")
     @classmethod
@@ -333,6 +355,19 @@ class RayConfig(BaseModel):
         "Separate from training.retries, which retries the whole train task.",
     )
 
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="How Ray places the Ray Train workers (one bundle each) on the cluster's "
+        "nodes: PACK as few nodes as possible, SPREAD over as many as possible, STRICT_SPREAD "
+        "each on a different node (fails to start with fewer nodes than workers).",
+    )
+    runtime_env: dict[str, Any] | None = Field(
+        None,
+        description="Ray runtime environment of the run's workers (passed to ray.init), to "
+        "ship offmeta to nodes that lack it, e.g. {working_dir: ., pip: [...]} or "
+        "{py_modules: [...]}; null: the nodes' own Python environment (docs/run-storage.md).",
+    )
+
     @model_validator(mode="after")
     def _cpus_only_locally(self) -> RayConfig:
         if self.num_cpus is not None and self.address is not None:
@@ -361,6 +396,17 @@ class MetaTrainConfig(BaseModel):
     )
     artifacts: ArtifactsConfig = Field(description="Artifact store and name.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray session.")
+
+    @model_validator(mode="after")
+    def _s3_runs_on_ray_train(self) -> MetaTrainConfig:
+        checkpoint_dir = self.training.checkpoint_dir
+        if checkpoint_dir.lower().startswith("s3://") and self.learners.num_learners == 0:
+            raise ValueError(
+                f"training.checkpoint_dir={checkpoint_dir!r} is run storage for Ray Train "
+                "workers; learners.num_learners=0 trains in this process, which checkpoints to "
+                "a local directory: set learners.num_learners >= 1 or a local checkpoint_dir"
+            )
+        return self
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> MetaTrainConfig:

@@ -24,8 +24,7 @@ deployments (``prefect.yaml``) that point at a checked-in config.
 # No `from __future__ import annotations` here: Prefect validates flow parameters against the
 # signature's annotations, which must be classes, not strings, when a deployment runs the flow.
 import logging
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import Task, flow, get_run_logger, task
@@ -48,6 +47,7 @@ from flows.scale_out import train_on_ray
 from flows.stages.datasets import Datasets, validate_datasets
 from flows.stages.mirroring import MirrorOutcome, mirror_markdown, mirror_published
 from flows.stages.publishing import prefect_artifact_keys, publish, show_in_prefect
+from flows.stages.timings import StageTimes
 from flows.stages.train import train
 from pipeline.artifacts import ArtifactRef
 
@@ -73,6 +73,8 @@ class RunSummary:
     """The run directory (``training.checkpoint_dir/<run id>``)."""
     mirror: str | None = None
     """With ``artifacts.mlflow``: the mirror's outcome in one line (``MirrorOutcome.line``)."""
+    timings: StageTimes = field(default_factory=StageTimes)
+    """Seconds each stage took."""
 
 
 @task(name="validate-dataset", cache_policy=NO_CACHE, persist_result=False)
@@ -164,17 +166,25 @@ def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
     ``resume`` is the directory of an unfinished run of the same config to continue from
     its last checkpoint (``offmeta run --resume`` finds it); None starts a new run.
     """
+    timings = StageTimes()
     with ray_session(cfg.ray), torch_threads(cfg.training.torch_threads):
-        datasets = validate_dataset(cfg)
+        with timings.stage("validate"):
+            datasets = validate_dataset(cfg)
         with open_run(cfg, resume=resume, flow_run_id=flow_run.get_id()) as run:
             _tidy_runs(cfg, run)
-            trained = train_learner.with_options(
-                retries=cfg.training.retries, retry_delay_seconds=cfg.training.retry_delay_s
-            )(cfg, datasets, str(run.path))
-            report = evaluate_learner(cfg, trained, datasets)
-            ref = publish_result(cfg, trained, report, datasets, run.run_id)
+            with timings.stage("train"):
+                trained = train_learner.with_options(
+                    retries=cfg.training.retries, retry_delay_seconds=cfg.training.retry_delay_s
+                )(cfg, datasets, str(run.path))
+            with timings.stage("evaluate"):
+                report = evaluate_learner(cfg, trained, datasets)
+            with timings.stage("publish"):
+                ref = publish_result(cfg, trained, report, datasets, run.run_id)
             run.finish(str(ref), ref.uri)
-        mirrored = mirror_result(cfg, ref) if cfg.artifacts.mlflow is not None else None
+        mirrored = None
+        if cfg.artifacts.mlflow is not None:
+            with timings.stage("mirror"):
+                mirrored = mirror_result(cfg, ref)
     return RunSummary(
         artifact=str(ref),
         uri=ref.uri,
@@ -184,6 +194,7 @@ def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
         evaluation=report,
         run_dir=str(run.path),
         mirror=mirrored.line() if mirrored is not None else None,
+        timings=timings,
     )
 
 
@@ -217,7 +228,7 @@ def _tidy_runs(cfg: MetaTrainConfig, run: ActiveRun) -> None:
         logger.info("resuming the run in %s", run.path)
     else:
         logger.info("run directory %s (offmeta run --resume continues it if stopped)", run.path)
-    root = Path(cfg.training.checkpoint_dir)
+    root = cfg.training.checkpoint_dir
     training = cfg.training
     for removed in prune_runs(
         root, keep_finished=training.keep_runs, keep_unfinished_days=training.keep_unfinished_days

@@ -30,7 +30,8 @@ from learners.losses import (
 from learners.meta.learner import MetaGradients, MetaLearner
 from learners.meta.meta_batch import MetaBatch, check_meta_batch, task_slice
 from learners.metrics import MetricsLogger, merge_reduced
-from learners.models.mlp import MLP, GaussianMLP, build_model, build_models
+from learners.models.factory import build_model, build_models
+from learners.models.mlp import MLP, GaussianMLP
 from learners.params import (
     Batch,
     Params,

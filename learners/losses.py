@@ -2,7 +2,8 @@
 
 `call(module_id, *inputs)` runs any module's forward with its current parameters (the ones
 being differentiated for the module the loss trains, possibly adapted ones for the others),
-each input flattened per row; `call.module_id` names the module the loss trains. `batch` is
+the first input (the observation) shaped `[B, *obs_shape]` of the module called and the
+others flattened per row; `call.module_id` names the module the loss trains. `batch` is
 that module's columns (`obs`, `actions`, `rewards`, `new_obs`, `returns`, ...). A loss can so
 weight its rows by another module's output (`.detach()` it to stop the gradient) or evaluate a
 critic on `new_obs`. A user loss has the same signature and is named in config as
@@ -28,11 +29,12 @@ from learners.params import Params
 class ModuleCall:
     """`call(module_id, *inputs)`: a module's forward with the parameters of the current step.
 
-    Inputs are flattened per row (`[B, ...] -> [B, -1]`), as the models expect. Built by the
-    learners; a loss only calls it.
+    Inputs are flattened per row (`[B, ...] -> [B, -1]`), as the models expect, except the
+    first one of a module whose entry in `obs_shapes` has several dimensions (an image):
+    that one is shaped `[B, *obs_shape]`. Built by the learners; a loss only calls it.
     """
 
-    __slots__ = ("_buffers", "_modules", "_params", "module_id")
+    __slots__ = ("_buffers", "_modules", "_obs_shapes", "_params", "module_id")
 
     def __init__(
         self,
@@ -40,12 +42,14 @@ class ModuleCall:
         modules: Mapping[str, nn.Module],
         params: Params,
         buffers: Params,
+        obs_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.module_id = module_id
         """The module whose loss is being computed."""
         self._modules = modules
         self._params = params
         self._buffers = buffers
+        self._obs_shapes = obs_shapes or {}
 
     def __call__(self, module_id: str, *inputs: Tensor) -> Any:
         params = self._params.get(module_id)
@@ -55,6 +59,9 @@ class ModuleCall:
                 f"parameters here; the learner's modules are {sorted(self._params)}"
             )
         flat = tuple(x if x.dim() == 2 else x.reshape(x.shape[0], -1) for x in inputs)
+        shape = self._obs_shapes.get(module_id, ())
+        if len(shape) > 1 and inputs:
+            flat = (inputs[0].reshape(inputs[0].shape[0], *shape), *flat[1:])
         buffers = self._buffers.get(module_id)
         weights = (params, buffers) if buffers else params
         return functional_call(self._modules[module_id], weights, flat)

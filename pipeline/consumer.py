@@ -8,7 +8,8 @@ verified against the manifest's digests; then
 - ``learner.adapt(None, support)`` adapts the meta-parameters to a new task's support set
   ``{module_id: {"obs": [K, obs_dim], "actions": [K, action_dim]}}`` with the inner rule and
   steps of training, and
-- ``predict(learner, obs, params=adapted)`` runs a module on ``obs`` ``[B, obs_dim]``
+- ``predict(learner, obs, params=adapted)`` runs a module on ``obs`` ``[B, obs_dim]`` (or
+  ``[B, *obs_shape]``)
   (``params=None``: the meta-parameters, i.e. before adaptation).
 
 Imports neither Ray nor Prefect (a test checks), so a consumer needs neither.
@@ -26,7 +27,7 @@ from torch.func import functional_call
 
 from learners.config import DEFAULT_MODULE_ID
 from learners.meta.learner import MetaLearner
-from learners.models.mlp import build_model
+from learners.models.factory import build_model
 from learners.params import Params
 from pipeline.artifacts import ArtifactNotFoundError, ArtifactStore
 from pipeline.io.checkpoints import dump_state, parse_state
@@ -91,7 +92,8 @@ def predict(
     module_id: str = DEFAULT_MODULE_ID,
     params: Params | None = None,
 ) -> Tensor | dict[str, Tensor]:
-    """Module ``module_id``'s output for ``obs`` (``[B, obs_dim]``), without gradients.
+    """Module ``module_id``'s output for ``obs`` (``[B, obs_dim]`` or ``[B, *obs_shape]``),
+    without gradients.
 
     ``params`` are parameters from ``learner.adapt``; None means the meta-parameters. ``obs``
     is moved to the learner's device and dtype. The output is what the module's head gives:
@@ -108,11 +110,14 @@ def predict(
             "of learner.adapt(...) or None for the meta-parameters"
         )
     weights = chosen[module_id]
+    shape = modules[module_id].observation_shape
+    if len(shape) > 1:  # images and other shaped observations, flat or not, as in training
+        obs = obs.reshape(obs.shape[0], *shape)
     reference = next(iter(learner.meta_params[module_id].values()))
     # The network's structure only: every parameter comes from `weights`, so it is built on
     # the meta device (no memory, no draw from the random generator).
     with torch.device("meta"):
-        model = build_model(modules[module_id])
+        model = build_model(modules[module_id], module_id=module_id)
     with torch.no_grad():
         return functional_call(
             model, weights, (obs.to(device=reference.device, dtype=reference.dtype),)

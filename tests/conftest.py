@@ -64,10 +64,21 @@ def ray_session() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """One temporary Prefect server for the whole session (it takes 10-15 s to start)."""
+    from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=60):
-        yield
+        # In the environment too, as a user's PREFECT_API_URL would be: `offmeta run` then
+        # checks this server instead of starting a temporary one of its own.
+        before = os.environ.get("PREFECT_API_URL")
+        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["PREFECT_API_URL"]
+            else:
+                os.environ["PREFECT_API_URL"] = before
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ Both take ``--config FILE`` and any number of ``--set KEY=VALUE`` overrides; the
 validated before Prefect, Ray or torch is imported, so a typo costs a second, not a Ray
 start-up. ``run`` also checks both datasets against each other and the config
 (``flows.stages.datasets.inspect_datasets``, the checks of ``offmeta data validate``)
+and builds the networks of ``model.factory`` and ``model.encoder: conv`` once
 before it starts Ray or Prefect. Without ``PREFECT_API_URL`` Prefect starts a temporary
 local server for the run; with it, runs are recorded on that server, which must answer
 (``flows.process.prefect_api``) before anything starts.
@@ -20,12 +21,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from flows.config import ConfigError, MetaTrainConfig, load_config
 from flows.process.console import permanent_failures_in_one_line
 from flows.process.prefect_api import PrefectApiError, check_api_answers, prefect_api_url
-from flows.process.runtime import set_quiet_environment
+from flows.process.prefect_server import PrefectApi
+from flows.process.runtime import ray_session, set_quiet_environment
 from flows.runs.run_dirs import RunDirError, check_resumable, find_resumable, read_run
 
 if TYPE_CHECKING:
@@ -96,19 +99,43 @@ def _run(args: argparse.Namespace) -> int:
     except RunDirError as error:
         print(f"offmeta run: --resume: {error}", file=sys.stderr)
         return 2
-    if not _data_fits(cfg):
-        return 1
+    began = time.perf_counter()
     set_quiet_environment()
-    if not _api_answers("run", prefect_api_url()):
+    # Prefect's temporary server takes ~10 s to boot and Ray a few: both start while the
+    # data is checked, instead of one after the other inside the flow.
+    try:
+        prefect = PrefectApi()
+    except PrefectApiError as error:
+        print(f"offmeta run: {error}", file=sys.stderr)
+        return 1
+    return _run_when_ready(cfg, resume, prefect, began)
+
+
+def _run_when_ready(
+    cfg: MetaTrainConfig, resume: str | None, prefect: PrefectApi, began: float
+) -> int:
+    if not _data_fits(cfg) or not _networks_build(cfg):
+        return 1
+    try:
+        prefect.resolve()
+    except PrefectApiError as error:
+        print(f"offmeta run: {error}", file=sys.stderr)
         return 1
     from flows.meta_train import meta_train
 
-    try:
-        with permanent_failures_in_one_line():
-            summary = meta_train(cfg, resume=resume)
-    except Exception as error:  # a permanent one is this line alone; others follow Prefect's log
-        print(f"offmeta run: failed: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
+    with ray_session(cfg.ray):
+        try:
+            prefect.wait()
+        except PrefectApiError as error:
+            print(f"offmeta run: {error}", file=sys.stderr)
+            return 1
+        before_flow = time.perf_counter() - began
+        try:
+            with permanent_failures_in_one_line():
+                summary = meta_train(cfg, resume=resume)
+        except Exception as error:  # a permanent one is this line alone; others follow Prefect's
+            print(f"offmeta run: failed: {type(error).__name__}: {error}", file=sys.stderr)
+            return 1
     if resume is not None:
         print(f"resumed {summary.run_dir} at iteration {summary.resumed_from or 0}")
     print()
@@ -118,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"published {summary.artifact}{lineage}: {summary.uri}")
     if summary.mirror is not None:
         print(summary.mirror)
+    print(summary.timings.line(before_flow, time.perf_counter() - began))
     return 0
 
 
@@ -196,6 +224,25 @@ def _data_fits(cfg: MetaTrainConfig) -> bool:
         return False
     for warning in value_warnings(*datasets):
         print(f"offmeta run: warning: {warning}", file=sys.stderr)
+    return True
+
+
+def _networks_build(cfg: MetaTrainConfig) -> bool:
+    """Build the networks of factories and conv encoders once before Ray and Prefect start
+    (user code, or images too small for the encoder, fail here in one line); False after
+    saying why. The built-in MLP is checked by the config alone."""
+    modules = cfg.learners.meta_config().modules
+    if all(
+        spec.model.factory is None and spec.model.encoder == "flat" for spec in modules.values()
+    ):
+        return True
+    from learners.models.factory import build_models
+
+    try:
+        build_models(modules, cfg.learners.seed)
+    except ValueError as error:
+        print(f"offmeta run: {error}", file=sys.stderr)
+        return False
     return True
 
 

@@ -30,7 +30,7 @@ from flows.evaluation.trajectories import TRAJECTORIES
 from flows.stages.task_checks import environment_name
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import task_slice
-from learners.models.mlp import build_model
+from learners.models.factory import build_model
 from pipeline.reads.episodes import Episodes
 from pipeline.streams.collate import finalize
 from pipeline.synthetic.point_robot import expert_actions, rollout_returns

@@ -25,7 +25,7 @@ from torch.func import functional_call
 from flows.config import EvaluationConfig
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import task_slice
-from learners.models.mlp import build_models
+from learners.models.factory import build_models
 from pipeline.io.arrow_columns import decoded
 from pipeline.reads.episodes import Episodes
 from pipeline.streams.collate import column_array

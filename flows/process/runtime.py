@@ -54,6 +54,7 @@ def ray_session(config: RayConfig) -> Iterator[None]:
         # "local" starts a fresh instance even if `ray start` left a cluster address behind.
         address=config.address or "local",
         num_cpus=config.num_cpus,
+        runtime_env=config.runtime_env,
         include_dashboard=False,
         log_to_driver=not quiet,
         logging_level=logging.WARNING if quiet else logging.INFO,

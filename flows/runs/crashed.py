@@ -16,13 +16,13 @@ from uuid import UUID
 
 
 def mark_crashed(
-    flow_runs: Iterable[tuple[str, Path]],
+    flow_runs: Iterable[tuple[str, Path | str]],
     *,
     logger: logging.Logger | logging.LoggerAdapter,
 ) -> list[str]:
-    """Set each ``(flow run id, run directory)``'s flow run CRASHED unless its state is final
-    already; returns the ids it marked. Flow runs this Prefect API does not know (recorded on
-    another server) are left alone."""
+    """Set each ``(flow run id, run directory or its s3:// URI)``'s flow run CRASHED unless
+    its state is final already; returns the ids it marked. Flow runs this Prefect API does not
+    know (recorded on another server) are left alone."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
     from prefect.states import Crashed

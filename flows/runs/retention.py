@@ -4,19 +4,19 @@ only matter while it may be resumed.
 ``prune_runs`` (called when a run starts) removes the finished runs beyond the newest
 ``training.keep_runs`` and the unfinished ones untouched for ``training.keep_unfinished_days``.
 A run some live process holds is never removed; one being removed is held first, so a resume
-cannot start in it meanwhile, then renamed to a dot-name (no longer a run) and deleted.
+cannot start in it meanwhile, then stops being a run (a dot-name locally, a removal marker
+on S3: ``flows.runs.run_storage``) and is deleted.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
-from flows.runs.run_dirs import RUN_FILE, RunDirError, hold, list_runs
+from flows.runs.run_dirs import list_runs
+from flows.runs.run_storage import RunDirError, run_at, runs_root
 
-_REMOVING = ".removing-"
 _DAY_S = 86400
 
 
@@ -26,11 +26,10 @@ def prune_runs(
     keep_finished: int,
     keep_unfinished_days: float,
     now: float | None = None,
-) -> list[Path]:
+) -> list[Path | str]:
     """Remove the finished runs under ``root`` older than the newest ``keep_finished`` and
     the unfinished runs untouched for more than ``keep_unfinished_days``; returns the
-    directories removed."""
-    root = Path(root)
+    directories (or ``s3://`` URIs) removed."""
     now = time.time() if now is None else now
     records = list_runs(root)
     finished = sorted(
@@ -42,28 +41,17 @@ def prune_runs(
         record
         for record in records
         if record.finished is None
-        and now - _last_active(record.path) > keep_unfinished_days * _DAY_S
+        and now - run_at(record.path).last_active() > keep_unfinished_days * _DAY_S
     ]
     removed = []
     for record in finished[keep_finished:] + stale:
+        run = run_at(record.path)
         try:
-            with hold(record.path):
-                record.path.rename(root / f"{_REMOVING}{record.path.name}")
+            with run.hold():
+                run.remove()
         except RunDirError:
             continue
         removed.append(record.path)
     # Also what an interrupted earlier removal left behind.
-    for doomed in root.glob(f"{_REMOVING}*"):
-        shutil.rmtree(doomed, ignore_errors=True)
+    runs_root(root).sweep()
     return removed
-
-
-def _last_active(path: Path) -> float:
-    """The newest modification time of the run directory's run.json and of its directories
-    down to two levels (each checkpoint adds an entry to one of them)."""
-    newest = (path / RUN_FILE).stat().st_mtime
-    for directory, subdirectories, _ in os.walk(path):
-        newest = max(newest, os.stat(directory).st_mtime)
-        if len(Path(directory).relative_to(path).parts) >= 2:
-            subdirectories.clear()
-    return newest

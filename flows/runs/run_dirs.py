@@ -1,11 +1,11 @@
 """Run directories: one per meta-training run under ``training.checkpoint_dir`` (the runs
-root), recording what the run trains, so that a killed run can be found and resumed and old
-runs pruned.
+root, a local directory or ``s3://bucket/prefix``: ``flows.runs.run_storage``), recording
+what the run trains, so that a killed run can be found and resumed and old runs pruned.
 
     <checkpoint_dir>/<run id>/     the id of the flow run that started the run
         run.json        the config, its identity, one entry per start (flow run id, time)
-        run.lock        flock-ed by the process running the run; the kernel drops the lock
-                        when that process dies, even by SIGKILL
+        run.lock        held by the process running the run (flock locally; on S3 an
+                        object written conditionally and renewed, ``run_storage``)
         checkpoints/    in-process checkpoints (ray/: Ray Train's)
         finished.json   written once the version is published: the run is done
 
@@ -23,7 +23,6 @@ for them.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -35,11 +34,36 @@ from pathlib import Path
 from typing import Any
 
 from flows.config import MetaTrainConfig
-from pipeline.io.fsio import fsync_dir, write_file
+from flows.runs.run_storage import (
+    FINISHED_FILE,
+    LOCK_FILE,
+    RUN_FILE,
+    RunDir,
+    RunDirError,
+    run_at,
+    running,
+    runs_root,
+)
 
-RUN_FILE = "run.json"
-LOCK_FILE = "run.lock"
-FINISHED_FILE = "finished.json"
+__all__ = [
+    "FINISHED_FILE",
+    "IDENTITY_EXCLUDES",
+    "LOCK_FILE",
+    "RUN_FILE",
+    "ActiveRun",
+    "RunDirError",
+    "RunRecord",
+    "abandoned_flow_runs",
+    "check_resumable",
+    "config_identity",
+    "find_resumable",
+    "hold",
+    "list_runs",
+    "live_pid",
+    "open_run",
+    "read_run",
+]
+
 FORMAT = 1
 IDENTITY_EXCLUDES = {
     "training": (
@@ -49,21 +73,19 @@ IDENTITY_EXCLUDES = {
         "keep_unfinished_days",
         "retries",
         "retry_delay_s",
+        "shared_filesystem",
     )
 }
 """Config fields left out of a run's identity: where runs live, how many are kept, retries."""
 _SHOWN_DIFFERENCES = 5
 
 
-class RunDirError(ValueError):
-    """A run directory cannot be used as asked; the message says why and what to do."""
-
-
 @dataclass(frozen=True)
 class RunRecord:
     """What ``run.json`` (and ``finished.json``, once written) say about one run."""
 
-    path: Path
+    path: Path | str
+    """The run directory, or its ``s3://`` URI."""
     artifact: str
     identity: str
     config: dict[str, Any]
@@ -86,66 +108,60 @@ def config_identity(cfg: MetaTrainConfig | Mapping[str, Any]) -> str:
 
 
 def read_run(path: str | os.PathLike[str]) -> RunRecord:
-    """The record of the run directory ``path``; ``RunDirError`` if it is not one."""
-    path = Path(path)
-    if not path.is_dir():
+    """The record of the run directory ``path`` (a directory or an ``s3://`` URI);
+    ``RunDirError`` if it is not one."""
+    return _read(run_at(path))
+
+
+def _read(run: RunDir) -> RunRecord:
+    path = run.where
+    if not run.exists():
         raise RunDirError(f"{path}: no such run directory")
+    where = _inside(path, RUN_FILE)
     try:
-        document = json.loads((path / RUN_FILE).read_text())
-    except FileNotFoundError:
+        content = run.read(RUN_FILE)
+        document = json.loads(content) if content is not None else None
+    except (OSError, ValueError) as error:
+        raise RunDirError(f"{where} is unreadable: {error}") from None
+    if content is None:
         raise RunDirError(
             f"{path} is not an offmeta run directory (it has no {RUN_FILE}); expected a "
             "directory under training.checkpoint_dir, e.g. runs/<flow run id>"
-        ) from None
-    except (OSError, ValueError) as error:
-        raise RunDirError(f"{path / RUN_FILE} is unreadable: {error}") from None
+        )
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         found = document.get("format") if isinstance(document, dict) else document
-        raise RunDirError(f"{path / RUN_FILE}: format {found!r}, expected {FORMAT}")
-    finished = None
-    with contextlib.suppress(FileNotFoundError):
-        finished = json.loads((path / FINISHED_FILE).read_text())
+        raise RunDirError(f"{where}: format {found!r}, expected {FORMAT}")
+    finished = run.read(FINISHED_FILE)
     return RunRecord(
         path=path,
         artifact=document["artifact"],
         identity=document["identity"],
         config=document["config"],
         starts=tuple(document["starts"]),
-        finished=finished,
+        finished=json.loads(finished) if finished is not None else None,
     )
 
 
 def list_runs(root: str | os.PathLike[str]) -> list[RunRecord]:
     """Every readable run directory under ``root``; other entries are left out."""
-    try:
-        entries = sorted(Path(root).iterdir())
-    except FileNotFoundError:
-        return []
+    runs = runs_root(root)
     records = []
-    for entry in entries:
-        if entry.name.startswith(".") or not (entry / RUN_FILE).is_file():
-            continue
+    for name in runs.names():
         with contextlib.suppress(RunDirError):
-            records.append(read_run(entry))
+            records.append(_read(runs.run(name)))
     return records
 
 
-def live_pid(path: Path) -> int | None:
+def live_pid(path: str | os.PathLike[str]) -> int | None:
     """The process holding the run directory's lock (0 if it wrote no pid); None if none."""
-    try:
-        fd = os.open(path / LOCK_FILE, os.O_RDWR)
-    except FileNotFoundError:
-        return None
-    try:
-        return _holder(fd)
-    finally:
-        os.close(fd)
+    holder = run_at(path).holder()
+    return holder.pid if holder is not None else None
 
 
-def find_resumable(cfg: MetaTrainConfig) -> Path:
+def find_resumable(cfg: MetaTrainConfig) -> Path | str:
     """The newest unfinished, not live run under ``training.checkpoint_dir`` with the
     identity of ``cfg``; ``RunDirError`` naming the runs it looked at when there is none."""
-    root = Path(cfg.training.checkpoint_dir)
+    root = runs_root(cfg.training.checkpoint_dir).where
     identity = config_identity(cfg)
     unfinished = [
         record
@@ -171,37 +187,35 @@ def find_resumable(cfg: MetaTrainConfig) -> Path:
 def check_resumable(record: RunRecord, cfg: MetaTrainConfig) -> None:
     """``RunDirError`` unless the run of ``record`` can be resumed with ``cfg`` now."""
     _check_config(record, cfg)
-    pid = live_pid(record.path)
-    if pid is not None:
-        raise RunDirError(f"{record.path}: {_running(pid)}")
+    holder = run_at(record.path).holder()
+    if holder is not None:
+        raise RunDirError(f"{record.path}: {running(holder)}")
 
 
 class ActiveRun:
     """The run directory this process holds (``open_run``)."""
 
-    def __init__(self, record: RunRecord, earlier_flow_runs: list[str]) -> None:
-        self.path = record.path
-        self.run_id = record.path.name
+    def __init__(self, run: RunDir, earlier_flow_runs: list[str]) -> None:
+        self._run = run
+        self.path = run.where
+        """The run directory, or its ``s3://`` URI."""
+        self.run_id = run.name
         self.earlier_flow_runs = earlier_flow_runs
         """Flow runs that worked on this run before (none for a new run)."""
 
     def finish(self, artifact: str, uri: str) -> None:
         """Mark the run finished, having published ``artifact``."""
-        _write_json(
-            self.path / FINISHED_FILE,
-            {"artifact": artifact, "uri": uri, "finished_at": _now()},
+        self._run.write_once(
+            FINISHED_FILE, _json({"artifact": artifact, "uri": uri, "finished_at": _now()})
         )
 
 
 @contextlib.contextmanager
-def hold(path: Path) -> Iterator[None]:
+def hold(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the run directory's lock for the ``with`` block; ``RunDirError`` if a live
     process holds it."""
-    fd = _lock(path)
-    try:
+    with run_at(path).hold():
         yield
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -212,17 +226,10 @@ def open_run(
     under ``training.checkpoint_dir``, or the unfinished run ``resume``, checked again
     under its lock. Either way the start is recorded in ``run.json``."""
     if resume is None:
-        path = Path(cfg.training.checkpoint_dir) / (flow_run_id or uuid.uuid4().hex)
-        try:
-            path.mkdir(parents=True)
-        except FileExistsError:
-            raise RunDirError(
-                f"{path} exists already; a new run needs a new directory (resume that one "
-                "with --resume, or remove it)"
-            ) from None
+        run = runs_root(cfg.training.checkpoint_dir).create(flow_run_id or uuid.uuid4().hex)
     else:
-        path = read_run(resume).path
-    with hold(path):
+        run = run_at(read_run(resume).path)
+    with run.hold():
         if resume is None:
             earlier: list[str] = []
             document = {
@@ -233,22 +240,22 @@ def open_run(
                 "starts": [],
             }
         else:
-            record = read_run(path)
+            record = _read(run)
             _check_config(record, cfg)
             earlier = record.flow_run_ids()
-            document = json.loads((path / RUN_FILE).read_text())
+            document = json.loads(run.read(RUN_FILE) or b"null")
         document["starts"].append({"flow_run_id": flow_run_id, "started_at": _now()})
-        _write_json(path / RUN_FILE, document)
-        yield ActiveRun(read_run(path), earlier)
+        run.replace(RUN_FILE, _json(document))
+        yield ActiveRun(run, earlier)
 
 
-def abandoned_flow_runs(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
+def abandoned_flow_runs(root: str | os.PathLike[str]) -> list[tuple[str, Path | str]]:
     """``(flow run id, run directory)`` of every start of every unfinished run under ``root``
     that no live process holds: those flow runs ended without finishing their run."""
     return [
         (flow_run_id, record.path)
         for record in list_runs(root)
-        if record.finished is None and live_pid(record.path) is None
+        if record.finished is None and run_at(record.path).holder() is None
         for flow_run_id in record.flow_run_ids()
     ]
 
@@ -268,8 +275,8 @@ def _check_config(record: RunRecord, cfg: MetaTrainConfig) -> None:
 
 def _why_not(record: RunRecord, cfg: MetaTrainConfig) -> str:
     """Why the unfinished run of ``record`` cannot be resumed with ``cfg`` now."""
-    pid = live_pid(record.path)
-    return _config_problem(record, cfg) or (_running(pid) if pid is not None else "")
+    holder = run_at(record.path).holder()
+    return _config_problem(record, cfg) or (running(holder) if holder is not None else "")
 
 
 def _config_problem(record: RunRecord, cfg: MetaTrainConfig) -> str:
@@ -284,13 +291,6 @@ def _config_problem(record: RunRecord, cfg: MetaTrainConfig) -> str:
             f"{_differences(record.config, cfg)}; resume it with that config or start a new run"
         )
     return ""
-
-
-def _running(pid: int) -> str:
-    return (
-        f"it is running: process {pid or '(unknown)'} holds its {LOCK_FILE}; wait for that "
-        "run to end or stop it first"
-    )
 
 
 def _identity_document(cfg: MetaTrainConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -324,38 +324,12 @@ def _flatten(document: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _lock(path: Path) -> int:
-    """An open, exclusively flock-ed ``run.lock`` of ``path`` holding this process's pid."""
-    try:
-        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except FileNotFoundError:
-        raise RunDirError(f"{path}: no such run directory (removed meanwhile?)") from None
-    holder = _holder(fd)
-    if holder is not None:
-        os.close(fd)
-        raise RunDirError(f"{path}: {_running(holder)}")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+def _json(document: Mapping[str, Any]) -> bytes:
+    return (json.dumps(document, indent=1) + "\n").encode()
 
 
-def _holder(fd: int) -> int | None:
-    """The pid written in the lock file ``fd`` that another open file holds (0: none
-    written); None when it was free, and ``fd`` holds it now."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        content = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        return int(content) if content.isdigit() else 0
-    return None
-
-
-def _write_json(path: Path, document: Mapping[str, Any]) -> None:
-    """Replace ``path`` with ``document`` atomically and durably."""
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write_file(staged, (json.dumps(document, indent=1) + "\n").encode(), durable=True)
-    os.replace(staged, path)
-    fsync_dir(path.parent)
+def _inside(where: Path | str, file: str) -> Path | str:
+    return where / file if isinstance(where, Path) else f"{where}/{file}"
 
 
 def _now() -> str:

@@ -40,8 +40,8 @@ class TrainResult:
     """``name:version`` the run was warm-started from, if any."""
     resumed_from: int | None
     """Iteration of the checkpoint the last attempt resumed from (None: no resume)."""
-    checkpoint: Path
-    """The final checkpoint."""
+    checkpoint: Path | str
+    """The final checkpoint: its directory, or its ``s3://`` URI in Ray Train's storage."""
     tasks: dict[str, Any]
     """``TaskSamples.summary()`` of the training data."""
     restarts: int = 0
@@ -107,17 +107,21 @@ def restore(
 def train_result(
     final_checkpoint: Path,
     *,
+    location: Path | str | None = None,
     iterations: int,
     resumed_from: int | None,
     tasks: dict[str, Any],
     restarts: int = 0,
     num_learners: int = 0,
 ) -> TrainResult:
-    """The ``TrainResult`` of a run whose last checkpoint is ``final_checkpoint``."""
+    """The ``TrainResult`` of a run whose last checkpoint is in the directory
+    ``final_checkpoint``; ``location`` is where the checkpoint lives when that directory is
+    a local copy (of one in S3, say)."""
+    location = final_checkpoint if location is None else location
     lead = read_shard(final_checkpoint, 0)
     if lead["iteration"] != iterations:
         raise CheckpointError(
-            f"the last checkpoint of the run, {final_checkpoint}, is from iteration "
+            f"the last checkpoint of the run, {location}, is from iteration "
             f"{lead['iteration']}; expected the final iteration {iterations}"
         )
     history = lead["history"]
@@ -129,7 +133,7 @@ def train_result(
         final_metrics={name: values[-1] for name, values in history.items() if name != ITERATION},
         parent=lead["parent"],
         resumed_from=resumed_from,
-        checkpoint=final_checkpoint,
+        checkpoint=location,
         tasks=tasks,
         restarts=restarts,
         num_learners=num_learners,

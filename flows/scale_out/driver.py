@@ -13,8 +13,10 @@ The driver holds no task sample: each worker reads its own share from local disk
 Fault tolerance is Ray Train's: a worker that dies takes its worker group down, and Ray
 Train starts a new one (up to ``ray.max_failures`` times) that resumes from the last
 checkpoint reported through ``ray.train.report``. The run directory
-``<run_dir>/ray/train`` holds those checkpoints; running again with the same
-``run_dir`` (a retried Prefect task) resumes from them as well.
+``<run_dir>/ray/train`` (a local path, or in S3: ``flows.scale_out.cluster_storage``) holds
+those checkpoints; running again with the same ``run_dir`` (a retried Prefect task) resumes
+from them as well. The final checkpoint is read through Ray's checkpoint API, wherever it
+lives.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from flows.config import MetaTrainConfig
 from flows.runs.retry_policy import is_permanent
 from flows.runs.train_state import TrainResult, train_result
+from flows.scale_out.cluster_storage import alive_nodes, check_reachable, cluster_error, ray_storage
 from flows.scale_out.worker import WorkerFault, train_loop_per_worker
 from flows.stages.task_checks import sampling_options
 from flows.stages.train import warm_start
@@ -77,7 +80,12 @@ def scaling_config(cfg: MetaTrainConfig, cluster: Mapping[str, float]) -> Any:
             f"{cluster.get('GPU', 0):g}. Lower num_learners or set training.device to 'cpu'"
         )
     cpus = worker_cpus(learners, cluster.get("CPU", 0.0), cfg.ray.reserved_read_cpus)
-    return ScalingConfig(num_workers=learners, use_gpu=use_gpu, resources_per_worker={"CPU": cpus})
+    return ScalingConfig(
+        num_workers=learners,
+        use_gpu=use_gpu,
+        resources_per_worker={"CPU": cpus},
+        placement_strategy=cfg.ray.placement_strategy,
+    )
 
 
 def train_on_ray(
@@ -107,6 +115,8 @@ def train_on_ray(
     if learners < 1:
         raise ValueError(f"learners.num_learners must be >= 1 on Ray Train, got {learners}")
     tasks, training = cfg.tasks, cfg.training
+    check_reachable(cfg, alive_nodes())
+    storage_path, storage_filesystem = ray_storage(run_dir)
     scaling = scaling_config(cfg, ray.cluster_resources())
     initial_state, parent = _initial_state(cfg, logger)
     trainer = TorchTrainer(
@@ -124,7 +134,8 @@ def train_on_ray(
         scaling_config=scaling,
         run_config=RunConfig(
             name=RUN_NAME,
-            storage_path=str(Path(run_dir).resolve() / "ray"),
+            storage_path=storage_path,
+            storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=cfg.ray.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=training.keep_checkpoints),
             logging_config=LoggingConfig(log_level="WARNING"),
@@ -137,7 +148,7 @@ def train_on_ray(
         " + 1 GPU" if scaling.use_gpu else "",
         tasks.meta_batch,
     )
-    result = _fit(trainer)
+    result = _fit(trainer, run_dir)
     attempts = result.return_value
     logger.info("task samples: %s", attempts["tasks"])
     if attempts["tasks"]["skipped_tasks"]:
@@ -148,15 +159,18 @@ def train_on_ray(
             attempts["restarts"],
             attempts["resumed_from"],
         )
-    # The storage is a local (or shared) filesystem path: the checkpoint is read in place.
-    trained = train_result(
-        Path(result.checkpoint.path),
-        iterations=training.iterations,
-        resumed_from=attempts["resumed_from"],
-        tasks=attempts["tasks"],
-        restarts=attempts["restarts"],
-        num_learners=learners,
-    )
+    # In place for a local path; a copy in a temporary directory for S3.
+    location = result.checkpoint.path
+    with result.checkpoint.as_directory() as directory:
+        trained = train_result(
+            Path(directory),
+            location=f"s3://{location}" if storage_filesystem is not None else Path(location),
+            iterations=training.iterations,
+            resumed_from=attempts["resumed_from"],
+            tasks=attempts["tasks"],
+            restarts=attempts["restarts"],
+            num_learners=learners,
+        )
     return dataclasses.replace(trained, worker_nodes=tuple(attempts["worker_nodes"]))
 
 
@@ -168,9 +182,10 @@ def without_rows(data: DatasetInfo) -> DatasetInfo:
     )
 
 
-def _fit(trainer: Any) -> Any:
-    """``trainer.fit()``, re-raising a worker's own error when it says the input is wrong
-    (so the flow does not retry what would fail the same way)."""
+def _fit(trainer: Any, run_dir: str | Path) -> Any:
+    """``trainer.fit()``, re-raising a worker's own error when it says the input is wrong,
+    or one line when the workers cannot reach the run's storage or offmeta's code (so the
+    flow does not retry what would fail the same way)."""
     from ray.train import TrainingFailedError
 
     try:
@@ -179,6 +194,9 @@ def _fit(trainer: Any) -> Any:
         failures = list(getattr(error, "worker_failures", {}).values())
         if failures and all(is_permanent(failure) for failure in failures):
             raise failures[0] from error
+        setup = cluster_error([*failures, error], str(run_dir))
+        if setup is not None:
+            raise setup from error
         raise
 
 

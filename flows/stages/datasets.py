@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from flows.config import MetaTrainConfig
 from flows.stages.task_checks import check_task_sampling
@@ -39,8 +39,14 @@ def validate_datasets(cfg: MetaTrainConfig) -> Datasets:
     ``cfg.evaluation`` (``flows.stages.task_checks``). Raises ``DatasetError`` naming the
     dataset, the config field, what was found and what was expected.
     """
-    train = read_episodes(cfg.data.train, **_read_options(cfg))
-    heldout = read_episodes(cfg.data.heldout, **_read_options(cfg))
+    options = _read_options(cfg)
+    found = _inspected.get(_memo_key(cfg))
+    if found is not None and all(map(_unchanged, found)):
+        train = read_episodes(cfg.data.train, **options, validated=found[0].info)
+        heldout = read_episodes(cfg.data.heldout, **options, validated=found[1].info)
+        return Datasets(train=train, heldout=heldout)
+    train = read_episodes(cfg.data.train, **options)
+    heldout = read_episodes(cfg.data.heldout, **options)
     _check_fit(cfg, train, heldout)
     return Datasets(train=train, heldout=heldout)
 
@@ -52,7 +58,39 @@ def inspect_datasets(cfg: MetaTrainConfig) -> tuple[DatasetInfo, DatasetInfo]:
     train = inspect_episodes(cfg.data.train, **_read_options(cfg))
     heldout = inspect_episodes(cfg.data.heldout, **_read_options(cfg))
     _check_fit(cfg, train, heldout)
+    _inspected.clear()
+    _inspected[_memo_key(cfg)] = (_inspected_now(train), _inspected_now(heldout))
     return train, heldout
+
+
+class _Inspected(NamedTuple):
+    """A dataset as ``inspect_datasets`` found it, with each file's size and modification
+    time then, to tell whether it is still the same when the run reads it."""
+
+    info: DatasetInfo
+    stats: tuple[tuple[int, int | None], ...]
+
+
+_inspected: dict[str, tuple[_Inspected, _Inspected]] = {}
+"""The last ``inspect_datasets`` of this process (``offmeta run`` checks the data before
+the flow starts): ``validate_datasets`` of the same data settings reuses it, while no file
+changed, instead of reading every file a second time seconds later."""
+
+
+def _memo_key(cfg: MetaTrainConfig) -> str:
+    return cfg.data.model_dump_json()
+
+
+def _inspected_now(info: DatasetInfo) -> _Inspected:
+    return _Inspected(info, _file_stats(info))
+
+
+def _file_stats(info: DatasetInfo) -> tuple[tuple[int, int | None], ...]:
+    return tuple((f.size, f.mtime_ns) for f in info.filesystem.get_file_info(list(info.files)))
+
+
+def _unchanged(inspected: _Inspected) -> bool:
+    return _file_stats(inspected.info) == inspected.stats
 
 
 def value_warnings(*datasets: DatasetInfo) -> list[str]:

@@ -47,8 +47,9 @@ def publish(
 
     ``flow_run_id`` is the flow run that was triggered, ``subflow_run_id`` the training flow's
     own run when that ran as its subflow. The lineage's ``extras["checkpoint"]`` is the final
-    checkpoint as an absolute ``file://`` URI (a relative ``training.checkpoint_dir`` is
-    relative to the run's working directory, which a reader of the manifest does not know).
+    checkpoint as an absolute ``file://`` URI, or its ``s3://`` URI (a relative
+    ``training.checkpoint_dir`` is relative to the run's working directory, which a reader of
+    the manifest does not know).
 
     Publishing again for the same ``run_id`` (the run directory's name: a retried task, a
     resumed run), or without one for the same ``flow_run_id``, returns the version the
@@ -75,7 +76,7 @@ def publish(
             "restarts": trained.restarts,
             "num_learners": trained.num_learners,
             "worker_nodes": list(trained.worker_nodes),
-            "checkpoint": Path(trained.checkpoint).absolute().as_uri(),
+            "checkpoint": _checkpoint_uri(trained.checkpoint),
         },
     )
     files = [
@@ -218,3 +219,11 @@ def _picture_lines(ref: ArtifactRef, store_root: str) -> list[str]:
         f"They are files of `{ref}` in the artifact store `{store_root}`; write them out with "
         f"`offmeta artifacts export {ref} DIR --root {store_root}`.",
     ]
+
+
+def _checkpoint_uri(checkpoint: Path | str) -> str:
+    """The final checkpoint's ``s3://`` URI as it is, a directory as an absolute ``file://``
+    URI."""
+    if isinstance(checkpoint, str) and checkpoint.lower().startswith("s3://"):
+        return checkpoint
+    return Path(checkpoint).absolute().as_uri()

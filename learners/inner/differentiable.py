@@ -49,8 +49,9 @@ class DifferentiableLearner:
 
     `modules` only provide the forward structure (`functional_call`); their own parameters
     are never read or written. `buffers` (default: none) are passed to each forward as they
-    are. Modules missing from `modules_to_update` are passed through unchanged. A module's
-    loss is `loss(call, batch[module_id])` (see `learners.losses`); `call` evaluates any
+    are; `obs_shapes` (default: flat) give each module its observations as `[B, *obs_shape]`
+    (`ModuleCall`). Modules missing from `modules_to_update` are passed through unchanged. A
+    module's loss is `loss(call, batch[module_id])` (see `learners.losses`); `call` evaluates any
     module, so a loss may read a critic that another phase adapted, and only the module's own
     parameters are differentiated.
 
@@ -70,6 +71,7 @@ class DifferentiableLearner:
         *,
         buffers: Params | None = None,
         modules_to_update: Collection[str] | None = None,
+        obs_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.config = config
         self._modules = dict(modules)
@@ -86,6 +88,7 @@ class DifferentiableLearner:
         self.modules_to_update: tuple[str, ...] = tuple(chosen)
         self._losses = {m: losses[m] for m in chosen}
         self._buffers = {m: dict((buffers or {}).get(m, {})) for m in self._modules}
+        self._obs_shapes = dict(obs_shapes or {})
         self._optimizer = inner_optimizer(config)
         self._guarded = config.nonfinite != "error"
         # Each module differentiates its own flat dict (a nested pytree costs about 4% more
@@ -169,7 +172,8 @@ class DifferentiableLearner:
         self, module_id: str, own: NamedTensors, others: Params, columns: Any
     ) -> Tensor:
         """`module_id`'s loss with its parameters `own` and the other modules' in `others`."""
-        call = ModuleCall(module_id, self._modules, {**others, module_id: own}, self._buffers)
+        params = {**others, module_id: own}
+        call = ModuleCall(module_id, self._modules, params, self._buffers, self._obs_shapes)
         return self._losses[module_id](call, columns)
 
     def _module_loss_and_aux(

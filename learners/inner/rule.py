@@ -79,9 +79,16 @@ def build_inner_rule(
         m: spec.data_module for m, spec in config.modules.items() if spec.data_module is not None
     }
 
+    obs_shapes = {m: spec.observation_shape for m, spec in config.modules.items()}
+
     def learner(losses: Mapping[str, LossFn]) -> DifferentiableLearner:
         return DifferentiableLearner(
-            models, config.inner, losses, buffers=buffers, modules_to_update=list(losses)
+            models,
+            config.inner,
+            losses,
+            buffers=buffers,
+            modules_to_update=list(losses),
+            obs_shapes=obs_shapes,
         )
 
     phases, outer = _PHASES.get(config.algorithm, _one_phase)(config, learner)

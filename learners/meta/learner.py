@@ -31,7 +31,7 @@ from learners.meta.meta_batch import MetaBatch, check_meta_batch, task_slice
 from learners.meta.outer_step import InnerCheck, OuterRule, OuterStep
 from learners.meta.precision import with_float32_matmul
 from learners.metrics import MetricsLogger
-from learners.models.mlp import build_models
+from learners.models.factory import build_models
 from learners.params import (
     Batch,
     Params,

@@ -1,22 +1,21 @@
-"""The MLP model family: flattened observations in, one of three heads out.
+"""The MLP model family: flattened observations in, one of four heads out.
 
 Heads: deterministic (a tensor `[B, action_dim]`), categorical (logits `[B, num_actions]`),
 gaussian (a dict with `mean` `[B, action_dim]` and a state-independent `log_std`, clamped) and
 mean_advantage (a dict with `mean`, plus `advantage` `[B, 1]` when actions are given: MACAW's
 policy with its advantage-regression head).
-Models are built from config under a fixed seed without disturbing the global RNG, so the same
-config always gives the same initial parameters.
+Each network flattens the trailing `obs_dims` dimensions of its observations itself (an
+observation of shape `obs_shape` has `len(obs_shape)` of them), so `[..., *obs_shape]` in gives
+`[..., outputs]` out. `mlp_network` is the built-in factory (`learners.models.factory`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+import math
 
 import torch
 from torch import Tensor, nn
-
-from learners.config import ModelConfig, ModuleSpec
 
 LOG_STD_BOUNDS = (-5.0, 2.0)
 """Clamp of the gaussian head's log-std: keeps the NLL finite when the std collapses."""
@@ -30,6 +29,13 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 
 
+def activation_layer(name: str) -> nn.Module:
+    """A new activation module by config name (`ModelConfig.activation`)."""
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"activation {name!r} is not one of {sorted(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]()
+
+
 class MLP(nn.Module):
     """Linear layers with an activation between them; no activation after the last one."""
 
@@ -39,6 +45,7 @@ class MLP(nn.Module):
         out_dim: int,
         hidden_sizes: tuple[int, ...] = (40, 40),
         activation: str = "relu",
+        obs_dims: int = 1,
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
@@ -49,9 +56,10 @@ class MLP(nn.Module):
             layers += [nn.Linear(fan_in, fan_out), _ACTIVATIONS[activation]()]
         layers.append(nn.Linear(sizes[-1], out_dim))
         self.layers = nn.Sequential(*layers)
+        self.obs_dims = obs_dims
 
     def forward(self, obs: Tensor) -> Tensor:
-        return self.layers(obs)
+        return self.layers(_flatten(obs, self.obs_dims))
 
 
 class GaussianMLP(nn.Module):
@@ -64,9 +72,10 @@ class GaussianMLP(nn.Module):
         hidden_sizes: tuple[int, ...] = (40, 40),
         activation: str = "relu",
         log_std_init: float = 0.0,
+        obs_dims: int = 1,
     ) -> None:
         super().__init__()
-        self.mean = MLP(in_dim, action_dim, hidden_sizes, activation)
+        self.mean = MLP(in_dim, action_dim, hidden_sizes, activation, obs_dims)
         self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
     def forward(self, obs: Tensor) -> dict[str, Tensor]:
@@ -87,6 +96,7 @@ class MeanAdvantageMLP(nn.Module):
         hidden_sizes: tuple[int, ...] = (40, 40),
         activation: str = "relu",
         advantage_hidden_sizes: tuple[int, ...] = (32,),
+        obs_dims: int = 1,
     ) -> None:
         super().__init__()
         if not hidden_sizes:
@@ -95,38 +105,43 @@ class MeanAdvantageMLP(nn.Module):
         self.trunk = nn.Sequential(*trunk.layers, _ACTIVATIONS[activation]())
         self.mean = nn.Linear(hidden_sizes[-1], action_dim)
         self.advantage = MLP(hidden_sizes[-1] + action_dim, 1, advantage_hidden_sizes, activation)
+        self.obs_dims = obs_dims
 
     def forward(self, obs: Tensor, actions: Tensor | None = None) -> dict[str, Tensor]:
-        features = self.trunk(obs)
+        features = self.trunk(_flatten(obs, self.obs_dims))
         outputs = {"mean": self.mean(features)}
         if actions is not None:
             outputs["advantage"] = self.advantage(torch.cat((features, actions), dim=-1))
         return outputs
 
 
-def build_model(spec: ModuleSpec) -> nn.Module:
-    """The network a module spec describes (initialised from the current global RNG)."""
-    model: ModelConfig = spec.model
-    if model.head == "gaussian":
-        return GaussianMLP(
-            spec.obs_dim, spec.action_dim, model.hidden_sizes, model.activation, model.log_std_init
-        )
-    if model.head == "mean_advantage":
+def mlp_network(
+    obs_shape: tuple[int, ...],
+    action_dim: int,
+    *,
+    head: str = "deterministic",
+    hidden_sizes: tuple[int, ...] = (40, 40),
+    activation: str = "relu",
+    log_std_init: float = 0.0,
+    advantage_hidden_sizes: tuple[int, ...] = (32,),
+) -> nn.Module:
+    """The built-in MLP with `head` (`ModelConfig.head`) over observations of `obs_shape`,
+    flattened (initialised from the current global RNG)."""
+    in_dim, obs_dims = math.prod(obs_shape), len(obs_shape)
+    hidden_sizes = tuple(hidden_sizes)
+    if head == "gaussian":
+        return GaussianMLP(in_dim, action_dim, hidden_sizes, activation, log_std_init, obs_dims)
+    if head == "mean_advantage":
         return MeanAdvantageMLP(
-            spec.obs_dim,
-            spec.action_dim,
-            model.hidden_sizes,
-            model.activation,
-            model.advantage_hidden_sizes,
+            in_dim, action_dim, hidden_sizes, activation, tuple(advantage_hidden_sizes), obs_dims
         )
-    return MLP(spec.obs_dim, spec.action_dim, model.hidden_sizes, model.activation)
+    if head not in ("deterministic", "categorical"):
+        raise ValueError(
+            f"head {head!r} is not one of deterministic, gaussian, categorical, mean_advantage"
+        )
+    return MLP(in_dim, action_dim, hidden_sizes, activation, obs_dims)
 
 
-def build_models(specs: Mapping[str, ModuleSpec], seed: int) -> dict[str, nn.Module]:
-    """One model per module id, initialised reproducibly from `seed`.
-
-    The global torch RNG is forked, so building models neither depends on nor changes it.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return {module_id: build_model(spec) for module_id, spec in specs.items()}
+def _flatten(obs: Tensor, obs_dims: int) -> Tensor:
+    # Flat observations (one dimension) go through untouched, as they always have.
+    return obs.flatten(-obs_dims) if obs_dims > 1 else obs

@@ -5,7 +5,9 @@ Part of the learners' typed configuration (`learners.config`), every field docum
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import math
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -22,9 +24,39 @@ _LOSS_HEADS = {
 
 
 class ModelConfig(BaseModel):
-    """A multi-layer perceptron from flattened observations to the head's outputs."""
+    """The module's network: a user factory, or the built-in MLP (over flattened observations
+    or after a conv encoder) with one of four heads."""
 
     model_config = _STRICT
+
+    factory: str | None = Field(
+        None,
+        description=(
+            "A user network written 'package.module:callable', called as "
+            "callable(obs_shape, action_dim, **kwargs) and returning an nn.Module without "
+            "buffers whose forward gives what `head` names (learners.models.factory). "
+            "Unset: the built-in network `encoder` chooses."
+        ),
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the factory: JSON values, saved with the config.",
+    )
+    encoder: Literal["flat", "conv"] = Field(
+        "flat",
+        description=(
+            "Built-in networks: flat: the MLP over the observation flattened per row; conv: "
+            "a small conv stack over [C, H, W] observations with the MLP after it "
+            "(learners.models.conv)."
+        ),
+    )
+    conv_channels: tuple[int, ...] = Field(
+        (16, 32, 32),
+        description=(
+            "Output channels of each conv layer (encoder conv): the first two 4x4 stride 2, "
+            "the others 3x3 stride 1, all padded by 1."
+        ),
+    )
 
     hidden_sizes: tuple[int, ...] = Field(
         (40, 40), description="Width of each hidden layer, input side first; () is linear."
@@ -38,7 +70,8 @@ class ModelConfig(BaseModel):
             "deterministic: one output per action dimension (regression, MSE cloning); "
             "gaussian: mean per action dimension plus a learned state-independent log-std; "
             "categorical: one logit per discrete action; mean_advantage: action mean plus an "
-            "advantage head on (last hidden features, action) (MACAW's policy)."
+            "advantage head on (last hidden features, action) (MACAW's policy). A factory's "
+            "network returns what its head names (the loss reads it)."
         ),
     )
     log_std_init: float = Field(0.0, description="Initial log standard deviation (gaussian head).")
@@ -53,9 +86,46 @@ class ModelConfig(BaseModel):
             raise ValueError(f"every hidden size must be >= 1, got {list(sizes)}")
         return sizes
 
+    @field_validator("conv_channels")
+    @classmethod
+    def _conv_layers(cls, channels: tuple[int, ...]) -> tuple[int, ...]:
+        if not channels or any(size < 1 for size in channels):
+            raise ValueError(
+                f"conv_channels must name at least one layer, each >= 1, got {list(channels)}"
+            )
+        return channels
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_path(cls, path: str | None) -> str | None:
+        if path is not None:
+            module_name, sep, attribute = path.partition(":")
+            if not sep or not module_name or not attribute:
+                raise ValueError(f"factory {path!r} must be written 'package.module:callable'")
+        return path
+
+    @field_validator("kwargs")
+    @classmethod
+    def _json_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        # Saved in every manifest and learner state: the factory sees the same values when
+        # load_learner rebuilds it (a tuple comes back a list, so it is one already).
+        try:
+            return json.loads(json.dumps(kwargs, allow_nan=False))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"kwargs must be JSON values (they are saved): {error}") from None
+
     @model_validator(mode="after")
-    def _trunk_for_the_advantage_head(self) -> ModelConfig:
-        if self.head == "mean_advantage" and not self.hidden_sizes:
+    def _network_choice(self) -> ModelConfig:
+        if self.factory is None and self.kwargs:
+            raise ValueError(
+                f"kwargs {sorted(self.kwargs)} are the factory's; set factory or drop kwargs"
+            )
+        if self.factory is not None and self.encoder != "flat":
+            raise ValueError(
+                f"encoder {self.encoder!r} chooses a built-in network, which factory "
+                f"{self.factory!r} replaces; drop one of them"
+            )
+        if self.factory is None and self.head == "mean_advantage" and not self.hidden_sizes:
             raise ValueError(
                 "head 'mean_advantage' reads the last hidden layer's features: give "
                 "hidden_sizes at least one layer"
@@ -69,6 +139,13 @@ class ModuleSpec(BaseModel):
     model_config = _STRICT
 
     obs_dim: int = Field(ge=1, description="Observation size after flattening each row.")
+    obs_shape: tuple[int, ...] | None = Field(
+        None,
+        description=(
+            "Shape of one observation (e.g. [3, 32, 32]); batches give the module obs of shape "
+            "[..., *obs_shape]. Its product is obs_dim. Default: [obs_dim]."
+        ),
+    )
     action_dim: int = Field(
         ge=1,
         description="Continuous heads: action (target) size; categorical head: number of actions.",
@@ -91,6 +168,28 @@ class ModuleSpec(BaseModel):
             "Default: its own rows."
         ),
     )
+
+    @property
+    def observation_shape(self) -> tuple[int, ...]:
+        """`obs_shape`, or `(obs_dim,)` when it is not given."""
+        return self.obs_shape if self.obs_shape is not None else (self.obs_dim,)
+
+    @model_validator(mode="after")
+    def _obs_shape_holds_obs_dim(self) -> ModuleSpec:
+        shape = self.obs_shape
+        if shape is not None and (not shape or any(size < 1 for size in shape)):
+            raise ValueError(f"obs_shape must be sizes >= 1, got {list(shape)}")
+        if shape is not None and math.prod(shape) != self.obs_dim:
+            raise ValueError(
+                f"obs_shape {list(shape)} holds {math.prod(shape)} values but obs_dim is "
+                f"{self.obs_dim}; expected obs_dim: {math.prod(shape)}"
+            )
+        if self.model.encoder == "conv" and len(self.observation_shape) != 3:
+            raise ValueError(
+                f"model.encoder 'conv' reads [C, H, W] observations, but obs_shape is "
+                f"{list(self.observation_shape)}; set obs_shape to the image's [C, H, W]"
+            )
+        return self
 
     @model_validator(mode="after")
     def _loss_fits_head(self) -> ModuleSpec:

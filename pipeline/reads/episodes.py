@@ -162,8 +162,12 @@ def read_episodes(
     filesystem: pafs.FileSystem | None = None,
     allow_partial_episodes: bool = False,
     check_values: CheckValues = "full",
+    validated: DatasetInfo | None = None,
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
+
+    ``validated``: what ``inspect_episodes`` found for this ``source`` with these options,
+    when the caller has just run it (its checks are then not run again).
 
     The Ray Dataset reads exactly the validated files, in groups of files per read task
     (``pipeline.reads.file_groups``), renames columns to their canonical names and normalises
@@ -173,7 +177,7 @@ def read_episodes(
     from pipeline.reads.file_groups import read_grouped
 
     quiet_ray()
-    info = inspect_episodes(
+    info = validated or inspect_episodes(
         source,
         column_map=column_map,
         filesystem=filesystem,

@@ -162,7 +162,8 @@ class S3Backend:
 
     def children(self, prefix: str) -> list[str]:
         names = []
-        full = self._root.key(prefix.rstrip("/") + "/")
+        # "" lists the folders right under the root itself.
+        full = self._root.key(prefix.rstrip("/") + "/") if prefix.strip("/") else self._root.key("")
         with self._errors("list", prefix):
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self._root.bucket, Prefix=full, Delimiter="/"

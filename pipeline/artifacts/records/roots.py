@@ -36,53 +36,55 @@ class S3Root:
         return f"{self.prefix}/{relative}" if self.prefix else relative
 
 
-def parse_root(root: str | os.PathLike[str]) -> Path | S3Root:
+def parse_root(
+    root: str | os.PathLike[str], *, what: str = "artifact store root", writer: str = "the store"
+) -> Path | S3Root:
     """The absolute directory of a local store, or the bucket and prefix of an S3 store.
 
-    Raises UnsupportedRootError naming the root, what was wrong and what is accepted.
+    Raises UnsupportedRootError naming the root, what was wrong and what is accepted; the
+    messages call the root ``what`` and the one who writes there ``writer`` (run storage
+    reads ``training.checkpoint_dir`` with the same rules).
     """
     if isinstance(root, os.PathLike):
         return Path(root).absolute()
     if not isinstance(root, str) or not root:
         raise UnsupportedRootError(
-            f"artifact store root must be a non-empty string or path, got {root!r}; "
-            f"expected {_SUPPORTED}"
+            f"{what} must be a non-empty string or path, got {root!r}; expected {_SUPPORTED}"
         )
     match = _SCHEME.match(root)
     if match is None:
         return Path(root).absolute()
     scheme = match.group(1).lower()
     if scheme == "file":
-        return _file_root(root)
+        return _file_root(root, what)
     if scheme == "s3":
-        return _s3_root(root)
+        return _s3_root(root, what)
     raise UnsupportedRootError(
-        f"artifact store root {root!r} has the scheme '{scheme}://', which the store cannot "
+        f"{what} {root!r} has the scheme '{scheme}://', which {writer} cannot "
         f"write to; expected {_SUPPORTED}"
     )
 
 
-def _file_root(root: str) -> Path:
+def _file_root(root: str, what: str) -> Path:
     parts = urlsplit(root)
     if parts.netloc not in ("", "localhost"):
         raise UnsupportedRootError(
-            f"artifact store root {root!r} names the host {parts.netloc!r}; a file:// root "
+            f"{what} {root!r} names the host {parts.netloc!r}; a file:// root "
             f"must be local (file:///absolute/path)"
         )
     if parts.query or parts.fragment or not parts.path:
         raise UnsupportedRootError(
-            f"artifact store root {root!r} is not a plain file:// URI; "
-            f"expected file:///absolute/path"
+            f"{what} {root!r} is not a plain file:// URI; expected file:///absolute/path"
         )
     return Path(unquote(parts.path)).absolute()
 
 
-def _s3_root(root: str) -> S3Root:
+def _s3_root(root: str, what: str) -> S3Root:
     rest = root[len("s3://") :]
     bucket, _, prefix = rest.partition("/")
     if not _BUCKET.fullmatch(bucket) or ".." in bucket:
         raise UnsupportedRootError(
-            f"artifact store root {root!r} names the bucket {bucket!r}, which is not a valid "
+            f"{what} {root!r} names the bucket {bucket!r}, which is not a valid "
             f"S3 bucket name (3-63 lowercase letters, digits, '.' and '-'); "
             f"expected s3://bucket/prefix"
         )
@@ -92,7 +94,7 @@ def _s3_root(root: str) -> S3Root:
         ord(char) < 32 for char in prefix
     ):
         raise UnsupportedRootError(
-            f"artifact store root {root!r} has the prefix {prefix!r}, with an empty, '.' or "
+            f"{what} {root!r} has the prefix {prefix!r}, with an empty, '.' or "
             f"'..' segment or a control character; expected s3://bucket/some/prefix"
         )
     return S3Root(bucket, prefix)

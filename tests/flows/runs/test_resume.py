@@ -5,12 +5,9 @@ CRASHED instead of RUNNING for good."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from uuid import UUID
@@ -26,11 +23,10 @@ from flows.meta_train import meta_train
 from flows.runs.run_dirs import read_run
 from pipeline.artifacts import ArtifactStore
 from pipeline.synthetic import SinusoidTasks, generate
-from tests.helpers.paths import REPO
+from tests.helpers.offmeta_process import offmeta, reap
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_session")
 
-REPO = REPO
 ITERATIONS, CHECKPOINT_EVERY = 1000, 100
 PROCESS_TIMEOUT_S = 240
 
@@ -59,28 +55,6 @@ def _document(data: Path, work: Path) -> dict:
     }
 
 
-def _offmeta(work: Path, config: Path, *extra: str) -> subprocess.Popen:
-    """The real ``offmeta run`` of this checkout, recording on the test's Prefect server, in
-    a process group of its own (so that what it started can be cleaned up after a kill)."""
-    from prefect.settings import PREFECT_API_URL
-
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        "PREFECT_API_URL": PREFECT_API_URL.value(),
-    }
-    command = [str(Path(sys.executable).with_name("offmeta")), "run", "--config", str(config)]
-    return subprocess.Popen(
-        [*command, *extra],
-        cwd=work,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
 def _kill_when_checkpointed(process: subprocess.Popen, runs: Path, skip: Path) -> Path:
     """SIGKILL ``process`` once a run directory other than ``skip`` holds its first
     checkpoint; returns that run directory."""
@@ -100,12 +74,6 @@ def _kill_when_checkpointed(process: subprocess.Popen, runs: Path, skip: Path) -
     pytest.fail(f"no checkpoint within {PROCESS_TIMEOUT_S} s:\n{process.stdout.read()}")
 
 
-def _reap(process: subprocess.Popen) -> None:
-    """Stop whatever the killed process had started (its Ray, say) in its process group."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
 @pytest.mark.timeout(2 * PROCESS_TIMEOUT_S + 120)
 def test_a_killed_run_resumes_and_ends_as_an_uninterrupted_run(tmp_path: Path) -> None:
     data, work = tmp_path / "data", tmp_path / "work"
@@ -119,23 +87,23 @@ def test_a_killed_run_resumes_and_ends_as_an_uninterrupted_run(tmp_path: Path) -
     straight = meta_train(validate_config(document))
     assert straight.artifact == "resumed-sine:1"
 
-    killed = _offmeta(work, config)
+    killed = offmeta(work, config)
     try:
         run_dir = _kill_when_checkpointed(killed, work / "runs", skip=Path(straight.run_dir))
     finally:
-        _reap(killed)
+        reap(killed)
     assert killed.returncode == -signal.SIGKILL
     assert read_run(run_dir).finished is None
     killed_flow_run = UUID(run_dir.name)
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(killed_flow_run).state.type == StateType.RUNNING
 
-    resumed = _offmeta(work, config, "--resume")
+    resumed = offmeta(work, config, "--resume")
     try:
         output, _ = resumed.communicate(timeout=PROCESS_TIMEOUT_S)
     finally:
         resumed.kill()
-        _reap(resumed)
+        reap(resumed)
     assert resumed.returncode == 0, output
     match = re.search(rf"^resumed {re.escape(str(run_dir))} at iteration (\d+)$", output, re.M)
     assert match is not None, output

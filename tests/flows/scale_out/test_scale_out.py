@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flows.config import validate_config
-from flows.runs.retry_policy import is_permanent
+from flows.config import ConfigError, validate_config
+from flows.runs.retry_policy import ClusterSetupError, is_permanent
 from flows.scale_out import ParametersDivergedError, driver, scaling_config, worker_cpus
+from flows.scale_out.cluster_storage import check_reachable
 from flows.stages.train import train
 from learners import MetaLearner
 from learners.training import data_parallel
@@ -173,6 +174,52 @@ def test_a_run_the_cluster_cannot_place_is_refused(tmp_path):
         scaling_config(_config(tmp_path, device="mps"), {"CPU": 8.0})
     placed = scaling_config(_config(tmp_path), {"CPU": 2.0})
     assert (placed.num_workers, placed.use_gpu, placed.num_cpus_per_worker) == (2, False, 0.75)
+    assert placed.placement_strategy == "PACK"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("strategy", ["SPREAD", "STRICT_SPREAD"])
+def test_the_placement_strategy_reaches_the_scaling_config(tmp_path, strategy):
+    cfg = _config(tmp_path)
+    cfg = validate_config({**cfg.model_dump(mode="json"), "ray": {"placement_strategy": strategy}})
+    assert scaling_config(cfg, {"CPU": 4.0}).placement_strategy == strategy
+    with pytest.raises(ConfigError) as caught:
+        validate_config({**cfg.model_dump(mode="json"), "ray": {"placement_strategy": "FILL"}})
+    assert str(caught.value) == (
+        "invalid config config (1 error):\n  ray.placement_strategy: Input should be 'PACK', "
+        "'SPREAD' or 'STRICT_SPREAD' (got 'FILL')"
+    )
+
+
+@pytest.mark.timeout(30)
+def test_local_paths_are_refused_on_a_cluster_of_several_nodes(tmp_path):
+    cfg = _config(tmp_path, checkpoint_dir="runs")
+    check_reachable(cfg, nodes=1)
+    with pytest.raises(ValueError) as caught:
+        check_reachable(cfg, nodes=3)
+    assert str(caught.value) == (
+        f"the Ray cluster has 3 nodes, but training.checkpoint_dir='runs', data.train="
+        f"'{tmp_path / 'train'}', data.heldout='{tmp_path / 'heldout'}' are local paths that "
+        "the other nodes may not see; set training.checkpoint_dir=s3://BUCKET/PREFIX (and "
+        "s3:// datasets), or training.shared_filesystem=true if every node mounts these paths"
+    )
+    on_s3 = validate_config(
+        {
+            **cfg.model_dump(mode="json"),
+            "data": {"train": "s3://data/train", "heldout": str(tmp_path / "heldout")},
+            "training": {"checkpoint_dir": "s3://bucket/runs"},
+        }
+    )
+    with pytest.raises(ValueError) as caught:
+        check_reachable(on_s3, nodes=2)
+    assert str(caught.value) == (
+        f"the Ray cluster has 2 nodes, but data.heldout='{tmp_path / 'heldout'}' is a local "
+        "path that the other nodes may not see; set training.checkpoint_dir=s3://BUCKET/PREFIX "
+        "(and s3:// datasets), or training.shared_filesystem=true if every node mounts these "
+        "paths"
+    )
+    shared = _config(tmp_path, checkpoint_dir="/mnt/nfs/runs", shared_filesystem=True)
+    check_reachable(shared, nodes=3)
 
 
 class _FailingTrainer:
@@ -193,9 +240,35 @@ class _FailingTrainer:
 )
 def test_a_worker_error_that_a_retry_cannot_fix_fails_the_task_at_once(error):
     with pytest.raises(type(error)) as caught:
-        driver._fit(_FailingTrainer(error))
+        driver._fit(_FailingTrainer(error), "runs/r")
     assert caught.value is error  # the worker's own error: the flow does not retry it
     assert is_permanent(error)
+
+
+@pytest.mark.timeout(60)
+def test_workers_that_cannot_reach_the_storage_or_offmeta_fail_in_one_permanent_line():
+    unreachable = RuntimeError(
+        "Unable to set up cluster storage with the following settings:\nStorageContext<...>"
+        "\nCheck that all nodes in the cluster have read/write access"
+    )
+    with pytest.raises(ClusterSetupError) as caught:
+        driver._fit(_FailingTrainer(unreachable), "runs/r")
+    assert str(caught.value) == (
+        "a Ray Train worker could not write the run's checkpoints to runs/r (RuntimeError: "
+        "Unable to set up cluster storage with the following settings: StorageContext<...> "
+        "Check that all nodes in the cluster have read/write access); every node must reach "
+        "it: set training.checkpoint_dir=s3://BUCKET/PREFIX or a path on a filesystem every "
+        "node mounts (training.shared_filesystem=true)"
+    )
+    assert is_permanent(caught.value)
+    missing = ModuleNotFoundError("No module named 'flows'", name="flows")
+    with pytest.raises(ClusterSetupError) as caught:
+        driver._fit(_FailingTrainer(missing), "s3://b/runs/r")
+    assert str(caught.value) == (
+        "a Ray Train worker cannot import offmeta (No module named 'flows'); install offmeta "
+        "on every node, or ship it with ray.runtime_env (e.g. {working_dir: ., excludes: "
+        "[runs, artifacts]}: docs/run-storage.md)"
+    )
 
 
 @pytest.mark.timeout(60)
@@ -203,7 +276,7 @@ def test_a_lost_worker_is_left_to_the_flow_to_retry():
     from ray.train import TrainingFailedError
 
     with pytest.raises(TrainingFailedError):
-        driver._fit(_FailingTrainer(RuntimeError("worker died")))
+        driver._fit(_FailingTrainer(RuntimeError("worker died")), "runs/r")
     assert not is_permanent(RuntimeError("worker died"))
 
 

@@ -1,0 +1,41 @@
+"""The real ``offmeta run`` of this checkout in a process of its own, for tests that kill it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers.paths import REPO
+
+
+def offmeta(work: Path, config: Path, *extra: str) -> subprocess.Popen:
+    """``offmeta run --config config *extra`` in ``work``, recording on the test's Prefect
+    server, in a process group of its own (so that what it started can be cleaned up after
+    a kill)."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+    }
+    command = [str(Path(sys.executable).with_name("offmeta")), "run", "--config", str(config)]
+    return subprocess.Popen(
+        [*command, *extra],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def reap(process: subprocess.Popen) -> None:
+    """Stop whatever the killed process had started (its Ray, say) in its process group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)

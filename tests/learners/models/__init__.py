@@ -1,0 +1,1 @@
+"""Tests of learners.models: the built-in networks and network factories."""
