@@ -25,8 +25,8 @@ from tests.helpers.paths import REPO
 from tests.helpers.ray_cluster import RayCluster, mount_namespaces_refusal, ray_cluster
 from tests.helpers.s3_server import OFFMETA
 
-# Hang guards, sized for a busy 2-core machine (measured there: both tests 9 min with a load
-# average of 18; a few minutes on an idle one).
+# Hang guards, sized for a busy 2-core machine: both tests took 9 min there at a load average
+# of 18 (cluster start, two runs and the stop included).
 pytestmark = pytest.mark.timeout(900)
 
 NAME = "tiny-robot"
