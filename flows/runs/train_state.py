@@ -48,6 +48,8 @@ class TrainResult:
     """Times Ray Train started the worker group again after a worker failed (0 in process)."""
     num_learners: int = 0
     """Ray Train workers that trained (0: trained in this process)."""
+    worker_nodes: tuple[str, ...] = ()
+    """Distinct Ray node ids of the workers of the last attempt (empty: in this process)."""
 
 
 @dataclass(frozen=True)

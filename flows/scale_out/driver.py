@@ -1,10 +1,14 @@
 """Meta-training on ``learners.num_learners`` Ray Train workers (``TorchTrainer``).
 
-``train_on_ray`` reads top to bottom: task samples (read once, here, then shared through
-Ray's object store) -> the initial learner state (warm start included, so every worker
-starts identical) -> how many CPUs a worker may hold -> ``TorchTrainer.fit`` -> the
-``TrainResult`` of the final checkpoint (``flows.runs.train_state``, as in process), with the
-restart count.
+``train_on_ray`` reads top to bottom: what the workers read (the validated dataset's files
+and the task-sampling options, never its rows) -> the initial learner state (warm start
+included, so every worker starts identical) -> how many CPUs a worker may hold ->
+``TorchTrainer.fit`` -> the ``TrainResult`` of the final checkpoint
+(``flows.runs.train_state``, as in process), with the restart count and the nodes the
+workers ran on.
+
+The driver holds no task sample: each worker reads its own share from local disk or S3
+(``flows.scale_out.worker``), so the driver's memory does not grow with the dataset.
 
 Fault tolerance is Ray Train's: a worker that dies takes its worker group down, and Ray
 Train starts a new one (up to ``ray.max_failures`` times) that resumes from the last
@@ -17,6 +21,7 @@ lives.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping
@@ -30,9 +35,10 @@ from flows.runs.retry_policy import is_permanent
 from flows.runs.train_state import TrainResult, train_result
 from flows.scale_out.cluster_storage import alive_nodes, check_reachable, cluster_error, ray_storage
 from flows.scale_out.worker import WorkerFault, train_loop_per_worker
-from flows.stages.train import build_task_samples, warm_start
+from flows.stages.task_checks import sampling_options
+from flows.stages.train import warm_start
 from learners.meta.learner import MetaLearner
-from pipeline.reads.episodes import Episodes
+from pipeline.reads.episodes import DatasetInfo, Episodes
 
 _log = logging.getLogger(__name__)
 
@@ -92,10 +98,11 @@ def train_on_ray(
 ) -> TrainResult:
     """Meta-train on ``data`` with ``cfg.learners.num_learners`` Ray Train workers.
 
-    Each worker draws ``tasks.meta_batch`` tasks per meta-step from its own share of the
-    task samples (``split_for_learners(TaskStream(samples, ranks=[rank]), ...)``), so one
-    meta-step sees ``num_learners * meta_batch`` tasks and the averaged meta-gradient equals
-    one learner's over all of them. Needs a running Ray session
+    Each worker reads the task samples itself (``read_task_samples``: in memory, or window
+    by window with ``tasks.mode: stream``) and draws ``tasks.meta_batch`` tasks per
+    meta-step from its own share (``split_for_learners(TaskStream(samples, ranks=[rank]),
+    ...)``), so one meta-step sees ``num_learners * meta_batch`` tasks and the averaged
+    meta-gradient equals one learner's over all of them. Needs a running Ray session
     (``flows.process.runtime.ray_session``). ``fault`` is a drill: that worker kills itself
     once, and the run must recover.
     """
@@ -110,14 +117,14 @@ def train_on_ray(
     tasks, training = cfg.tasks, cfg.training
     check_reachable(cfg, alive_nodes())
     storage_path, storage_filesystem = ray_storage(run_dir)
-    samples = build_task_samples(cfg, data, logger)
     scaling = scaling_config(cfg, ray.cluster_resources())
     initial_state, parent = _initial_state(cfg, logger)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
             "cfg": cfg.model_dump(mode="json"),
-            "samples": ray.put(samples),
+            "dataset": without_rows(data),
+            "sampling": sampling_options(cfg),
             "initial_state": initial_state,
             "parent": parent,
             "use_gpu": scaling.use_gpu,
@@ -143,6 +150,9 @@ def train_on_ray(
     )
     result = _fit(trainer, run_dir)
     attempts = result.return_value
+    logger.info("task samples: %s", attempts["tasks"])
+    if attempts["tasks"]["skipped_tasks"]:
+        logger.warning("left out %d tasks smaller than K + Q", attempts["tasks"]["skipped_tasks"])
     if attempts["restarts"]:
         logger.warning(
             "the worker group was restarted %d time(s); the last attempt resumed from iteration %s",
@@ -152,15 +162,24 @@ def train_on_ray(
     # In place for a local path; a copy in a temporary directory for S3.
     location = result.checkpoint.path
     with result.checkpoint.as_directory() as directory:
-        return train_result(
+        trained = train_result(
             Path(directory),
             location=f"s3://{location}" if storage_filesystem is not None else Path(location),
             iterations=training.iterations,
             resumed_from=attempts["resumed_from"],
-            tasks=samples.summary(),
+            tasks=attempts["tasks"],
             restarts=attempts["restarts"],
             num_learners=learners,
         )
+    return dataclasses.replace(trained, worker_nodes=tuple(attempts["worker_nodes"]))
+
+
+def without_rows(data: DatasetInfo) -> DatasetInfo:
+    """``data``'s validated description (files, schema, filesystem), without its Ray
+    Dataset: what a worker needs to read the rows itself."""
+    return DatasetInfo(
+        **{field.name: getattr(data, field.name) for field in dataclasses.fields(DatasetInfo)}
+    )
 
 
 def _fit(trainer: Any, run_dir: str | Path) -> Any:

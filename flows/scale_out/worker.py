@@ -1,7 +1,8 @@
 """What every Ray Train worker runs: its own task stream, the averaged meta-step, checkpoints.
 
-``train_loop_per_worker`` reads top to bottom: which attempt this is -> the task samples
-(one copy in Ray's object store, shared by the workers of a node) -> this rank's stream ->
+``train_loop_per_worker`` reads top to bottom: which attempt this is and the nodes of the
+workers -> the task samples, read here from the dataset's files (local disk or S3; in
+memory, or window by window when streaming) -> this rank's stream ->
 the learner (the driver's initial state, or the last checkpoint) -> ``run_meta_training``
 with callbacks that check the workers agree and report checkpoints to Ray Train.
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from flows.config import MetaTrainConfig
 from flows.runs.train_state import learner_shard, restore
@@ -36,6 +38,7 @@ from learners.training.loop import History, run_meta_training
 from pipeline.io.checkpoints import write_shard
 from pipeline.streams.learner_stream import LearnerStream, split_for_learners
 from pipeline.tasks.options import TaskStream
+from pipeline.tasks.samples import read_task_samples
 
 ATTEMPTS_DIR = "offmeta-attempts"
 """Under the Ray Train run directory: one empty file per attempt of the worker group."""
@@ -52,12 +55,14 @@ class WorkerFault(NamedTuple):
 
 
 def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``TorchTrainer`` loop. Rank 0 returns where the last attempt resumed and how
-    many attempts came before it; the learner state is in the final checkpoint.
+    """The ``TorchTrainer`` loop. Rank 0 returns where the last attempt resumed, how many
+    attempts came before it, the summary of the task samples and the distinct Ray node ids
+    of the workers; the learner state is in the final checkpoint.
 
     ``config`` (built by ``flows.scale_out.driver``): ``cfg`` (the run config as JSON),
-    ``samples`` (an ObjectRef of the ``TaskSamples``), ``initial_state`` (the learner
-    state every worker starts from), ``parent``, ``use_gpu``, ``cpus_per_worker`` and
+    ``dataset`` (the ``DatasetInfo`` of the training data: its files, no rows),
+    ``sampling`` (``task_samples`` keywords), ``initial_state`` (the learner state every
+    worker starts from), ``parent``, ``use_gpu``, ``cpus_per_worker`` and
     ``fault`` (a ``WorkerFault`` drill, or None).
     """
     import ray
@@ -72,8 +77,12 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     attempt = broadcast(_record_attempt(context.get_storage()) if rank == 0 else None)
+    nodes: list[str] = [""] * world
+    dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
 
-    samples = ray.get(config["samples"])
+    # Every worker plans the same epochs from the same files and seed (the plan of an epoch
+    # spans every task), then keeps the meta-batches of its own rank.
+    samples = read_task_samples(config["dataset"], **config["sampling"])
     tasks, training = cfg.tasks, cfg.training
     (stream,) = split_for_learners(
         TaskStream(samples, ranks=[rank]),
@@ -139,7 +148,12 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     if rank != 0:
         return None
     # Tensors cannot travel in a return value: the state is in the final checkpoint.
-    return {"resumed_from": resumed_from, "restarts": attempt}
+    return {
+        "resumed_from": resumed_from,
+        "restarts": attempt,
+        "tasks": samples.summary(),
+        "worker_nodes": sorted(set(nodes)),
+    }
 
 
 def _meta_batches(

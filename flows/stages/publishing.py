@@ -75,6 +75,7 @@ def publish(
             "resumed_from_iteration": trained.resumed_from,
             "restarts": trained.restarts,
             "num_learners": trained.num_learners,
+            "worker_nodes": list(trained.worker_nodes),
             "checkpoint": _checkpoint_uri(trained.checkpoint),
         },
     )

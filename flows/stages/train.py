@@ -8,7 +8,7 @@ retried attempt, or a run resumed after its process was killed, continues exactl
 the last checkpoint left off and ends with the parameters an uninterrupted run would have.
 
 Training on Ray Train workers is ``flows.scale_out.train_on_ray``; the flow chooses.
-``build_task_samples`` and ``warm_start`` serve both.
+``warm_start`` serves both (Ray Train workers read their task samples themselves).
 """
 
 from __future__ import annotations

@@ -2,20 +2,27 @@
 
 Meta-learning datasets are small per task, so ``task_samples`` reads the selected
 columns once into memory as ``TaskSamples`` (``pipeline.tasks.grouping``, where the
-epoch's plan is described). Datasets larger than a memory budget are read in windows of
-whole tasks instead (``TaskWindows``, ``pipeline.tasks.windows``). Either is handed to
-``split_for_learners`` for meta-batch streams.
+epoch's plan is described), through Ray Data; ``read_task_samples`` builds the same
+samples in the process that calls it, reading the files with pyarrow (a Ray Train worker
+reading its own share, with no Ray Data read behind it). Datasets larger than a memory
+budget are read in windows of whole tasks instead (``TaskWindows``,
+``pipeline.tasks.windows``). Either is handed to ``split_for_learners`` for meta-batch
+streams.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline.contract.schema import DatasetError
-from pipeline.reads.episodes import DatasetInfo, Episodes
+from pipeline.io.arrow_columns import decoded
+from pipeline.reads.episodes import DatasetInfo, Episodes, canonical_table
 from pipeline.reads.returns import split_derived
 from pipeline.streams.selection import check_modules, resolve_columns
 from pipeline.tasks.grouping import (
@@ -31,6 +38,9 @@ from pipeline.tasks.grouping import (
 from pipeline.tasks.windows import TaskWindows, estimated_bytes, plan_task_windows
 
 _MODES = ("auto", "memory", "stream")
+
+SortedRead = Callable[[Any, tuple[str, ...], frozenset[str] | None], pa.Table]
+"""Reads the given columns of the rows of the given modules (None: all), sorted by task."""
 
 
 def task_samples(
@@ -61,6 +71,42 @@ def task_samples(
     at ingest (``returns``, ``returns_truncated``; see ``pipeline.reads.returns``), computed per
     whole episode in memory and per window when streaming (a window holds whole tasks).
     """
+    reader = _read_sorted if isinstance(episodes, Episodes) else None
+    return _sampled(
+        episodes,
+        reader,
+        support=support,
+        query=query,
+        columns=columns,
+        modules_to_update=modules_to_update,
+        skip_small_tasks=skip_small_tasks,
+        mode=mode,
+        memory_budget_mb=memory_budget_mb,
+        gamma=gamma,
+    )
+
+
+def read_task_samples(info: DatasetInfo, **options: Any) -> TaskSamples | TaskWindows:
+    """``task_samples(info, **options)``, read in this process: in memory, ``info``'s files
+    are read with pyarrow (Ray Data is not used), giving the ``TaskSamples`` that
+    ``task_samples`` gives for ``read_episodes`` of the same files; streamed, the same
+    ``TaskWindows``. What a Ray Train worker calls to read its own share."""
+    return _sampled(info, _read_files_sorted, **options)
+
+
+def _sampled(
+    episodes: Episodes | DatasetInfo,
+    reader: SortedRead | None,
+    *,
+    support: int,
+    query: int,
+    columns: Sequence[str] | None = None,
+    modules_to_update: Collection[str] | None = None,
+    skip_small_tasks: bool = False,
+    mode: str = "auto",
+    memory_budget_mb: float | None = None,
+    gamma: float | None = None,
+) -> TaskSamples | TaskWindows:
     for name, value in (("support", support), ("query", query)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -91,12 +137,12 @@ def task_samples(
             derived=derived,
             gamma=gamma,
         )
-    if not isinstance(episodes, Episodes):
+    if reader is None:
         raise TypeError(
             "task samples in memory are read through Ray: pass read_episodes(...), not "
             "inspect_episodes(...), or stream them (mode='stream' with memory_budget_mb)"
         )
-    table = _read_sorted(episodes, read, modules)
+    table = reader(episodes, read, modules)
     if table.num_rows == 0:
         raise DatasetError(no_rows_message(modules))
     groups = group_rows(table)
@@ -132,3 +178,20 @@ def _read_sorted(
     if not parts:
         return pa.table({name: pa.array([], pa.int64()) for name in columns})
     return sort_by_task(pa.concat_tables(parts))
+
+
+def _read_files_sorted(
+    info: DatasetInfo, columns: tuple[str, ...], modules: frozenset[str] | None
+) -> pa.Table:
+    schema = info.schema
+    names = read_names(schema, columns)
+    on_disk = [schema.column_map.get(name, name) for name in names]
+    parts = [
+        canonical_table(info, pq.read_table(path, columns=on_disk, filesystem=info.filesystem))
+        for path in info.files
+    ]
+    table = pa.concat_tables(parts)
+    if modules is not None and schema.has_module_id:
+        wanted = pa.array(sorted(modules))
+        table = table.filter(pc.is_in(decoded(table.column("module_id")), wanted))
+    return sort_by_task(table) if table.num_rows else table

@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 
 from pipeline.contract.schema import DEFAULT_MODULE_ID, DatasetError
-from pipeline.reads.episodes import read_episodes
+from pipeline.reads.episodes import inspect_episodes, read_episodes
 from pipeline.rows.options import RowStream
 from pipeline.streams.learner_stream import split_for_learners
 from pipeline.tasks.options import TaskStream
-from pipeline.tasks.samples import task_samples
+from pipeline.tasks.samples import read_task_samples, task_samples
 from tests.helpers.episode_files import episode_table, write
 
 SIZES = {"t0": 30, "t1": 24, "t2": 40, "t3": 20, "t4": 26, "t5": 33}
@@ -240,3 +240,37 @@ def test_one_sample_per_task_is_disjoint_in_task_order_and_seeded(samples):
     assert same_ids == task_ids and np.array_equal(_ids(again, "query"), query)
     _, every = samples.one_per_task(100, seed=0)
     assert every == sorted(SIZES)
+
+
+@pytest.mark.parametrize("modules_to_update", [None, ["walker"]], ids=["all-modules", "one-module"])
+def test_samples_read_in_this_process_equal_those_read_through_ray(
+    tmp_path, ray_session, modules_to_update
+):
+    modules = {"t0": "walker", "t1": "runner", "t2": "walker", "t3": "runner", "t4": "walker"}
+    _write_tasks(tmp_path, {task: SIZES[task] for task in modules}, files=3, modules=modules)
+    options = {"support": K, "query": Q, "modules_to_update": modules_to_update, "gamma": 0.9}
+    through_ray = task_samples(read_episodes(tmp_path), **options)
+    here = read_task_samples(inspect_episodes(tmp_path), **options)
+
+    assert here.summary() == through_ray.summary()
+    assert (here.task_ids, here.module_ids, here.columns) == (
+        through_ray.task_ids,
+        through_ray.module_ids,
+        through_ray.columns,
+    )
+    for name, array in through_ray.arrays.items():
+        np.testing.assert_array_equal(here.arrays[name], array, err_msg=name)
+    np.testing.assert_array_equal(here.group_offsets, through_ray.group_offsets)
+    np.testing.assert_array_equal(here.group_modules, through_ray.group_modules)
+    for seed in (0, 1):
+        rows, modules = here.epoch_plan(seed)
+        expected_rows, expected_modules = through_ray.epoch_plan(seed)
+        np.testing.assert_array_equal(rows, expected_rows)
+        np.testing.assert_array_equal(modules, expected_modules)
+
+
+def test_samples_read_in_this_process_stream_as_planned(tmp_path):
+    _write_tasks(tmp_path, SIZES, files=1)  # one file: sorted by task, as streaming needs
+    options = {"support": K, "query": Q, "mode": "stream", "memory_budget_mb": 1}
+    here = read_task_samples(inspect_episodes(tmp_path), **options)
+    assert here.summary() == task_samples(inspect_episodes(tmp_path), **options).summary()
