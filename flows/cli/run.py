@@ -143,11 +143,11 @@ def _run_when_ready(
     print()
     print(summary.evaluation.format())
     print()
+    print(summary.timings.line(before_flow, time.perf_counter() - began))
     lineage = f" (parent {summary.parent})" if summary.parent else ""
     print(f"published {summary.artifact}{lineage}: {summary.uri}")
     if summary.mirror is not None:
         print(summary.mirror)
-    print(summary.timings.line(before_flow, time.perf_counter() - began))
     return 0
 
 
