@@ -5,6 +5,8 @@ Each task is a thin wrapper of one typed stage function (``flows.stages.datasets
 ``flows.stages.publishing``) that can be called without Prefect. The flow owns the Ray
 session, the run directory (``flows.runs.run_dirs``) and decides retries:
 
+- on a Ray cluster of several nodes, local paths are refused before anything is read
+  (``flows.scale_out.cluster_storage``);
 - the run directory is ``training.checkpoint_dir/<flow run id>``, or with ``resume`` an
   unfinished run's directory, held for the whole run; starting a run also prunes old run
   directories and marks the flow runs of killed runs CRASHED (``flows.runs.crashed``);
@@ -44,6 +46,7 @@ from flows.runs.retry_policy import is_permanent
 from flows.runs.run_dirs import ActiveRun, abandoned_flow_runs, open_run
 from flows.runs.train_state import TrainResult
 from flows.scale_out import train_on_ray
+from flows.scale_out.cluster_storage import alive_nodes, check_reachable
 from flows.stages.datasets import Datasets, validate_datasets
 from flows.stages.mirroring import MirrorOutcome, mirror_markdown, mirror_published
 from flows.stages.publishing import prefect_artifact_keys, publish, show_in_prefect
@@ -168,6 +171,8 @@ def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
     """
     timings = StageTimes()
     with ray_session(cfg.ray), torch_threads(cfg.training.torch_threads):
+        # Before any read: on several nodes a local path fails late, on the other nodes.
+        check_reachable(cfg, alive_nodes())
         with timings.stage("validate"):
             datasets = validate_dataset(cfg)
         with open_run(cfg, resume=resume, flow_run_id=flow_run.get_id()) as run:

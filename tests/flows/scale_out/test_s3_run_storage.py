@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -124,14 +125,14 @@ def test_a_run_on_s3_storage_completes_and_a_killed_one_resumes_equal(
     resumed = offmeta(work, config, "--resume", run_dir)
     try:
         # While it runs, its lock refuses a second driver on the same run.
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + PROCESS_TIMEOUT_S
         while True:
             try:
                 check_resumable(read_run(run_dir), validate_config(document))
             except RunDirError as error:
                 assert str(error) == (
                     f"{run_dir}: it is running: process {resumed.pid} on "
-                    f"{__import__('socket').gethostname()} holds its run.lock; wait for that "
+                    f"{socket.gethostname()} holds its run.lock; wait for that "
                     "run to end or stop it first"
                 )
                 break
