@@ -114,6 +114,7 @@ def load_and_hash(path: Path) -> None:
 def s3_rounds(params: Params, rounds: int) -> tuple[list[float], list[float]]:
     """Per round: store publish + load_params, and plain put_object + get_object, seconds."""
     import boto3
+
     from tests.helpers.s3_server import client_environment, moto_server
 
     store_times, plain_times = [], []

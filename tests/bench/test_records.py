@@ -41,9 +41,10 @@ def test_the_pages_are_what_the_records_give():
     assert check_pages() is None
 
 
-def test_the_readme_shows_five_headline_figures_from_the_records():
+def test_the_readme_shows_six_headline_figures_from_the_records():
     rows = figure_rows(read_records())
     assert [headline.figure for headline, _ in headline_rows(rows)] == [
+        "5-step-eager-vs-autograd-sinusoid",
         "5-step-compiled-sinusoid",
         "1-first-epoch",
         "2b-steady-epochs-rllib",
