@@ -150,10 +150,7 @@ def ray_cluster(
                         f"--num-cpus={worker_cpus}", "--temp-dir=/tmp/ray-node", *_node_ports(),
                     ]
                 )  # fmt: skip
-                mounts = " && ".join(
-                    f"mount -t tmpfs tmpfs {shlex.quote(str(path))}"
-                    for path in _mount_points(hidden)
-                )
+                mounts = _mount_commands(hidden)
                 process = _start([*_UNSHARE, "sh", "-c", f"{mounts} && exec {start}"], env, log)
                 processes.append(process)
                 nodes.append(WorkerNode(process, log))
@@ -179,6 +176,26 @@ def _node_ports() -> list[str]:
         f"--dashboard-agent-listen-port={_free_port()}",
         "--disable-usage-stats",
     ]
+
+
+def _mount_commands(hidden: Path) -> str:
+    """What a worker node's shell runs in its namespace before ``ray start``: a tmpfs over
+    ``/tmp`` and ``hidden``, then the checkout and the Python environment the node runs
+    mounted back where they lie under ``/tmp`` (a fresh clone there, as CI may make), so the
+    node still finds its code while the data and run dirs stay out of its sight."""
+    tmp = Path("/tmp")
+    needed = {REPO.resolve(), Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    under_tmp = [path for path in needed if path.is_relative_to(tmp)]
+    keep = sorted(
+        p for p in under_tmp if not any(p != q and p.is_relative_to(q) for q in under_tmp)
+    )
+    # The namespace's own view of the old /tmp, reached through /mnt once /tmp is covered.
+    commands = ["mount --bind /tmp /mnt"] if keep else []
+    commands += [f"mount -t tmpfs tmpfs {shlex.quote(str(p))}" for p in _mount_points(hidden)]
+    for path in keep:
+        quoted, seen = shlex.quote(str(path)), shlex.quote(str("/mnt" / path.relative_to(tmp)))
+        commands += [f"mkdir -p {quoted}", f"mount --bind {seen} {quoted}"]
+    return " && ".join(commands)
 
 
 def _mount_points(hidden: Path) -> list[Path]:
