@@ -74,12 +74,13 @@ class _Inspected(NamedTuple):
 
 _inspected: dict[str, tuple[_Inspected, _Inspected]] = {}
 """The last ``inspect_datasets`` of this process (``offmeta run`` checks the data before
-the flow starts): ``validate_datasets`` of the same data settings reuses it, while no file
+the flow starts): ``validate_datasets`` of the same run config reuses it, while no file
 changed, instead of reading every file a second time seconds later."""
 
 
 def _memo_key(cfg: MetaTrainConfig) -> str:
-    return cfg.data.model_dump_json()
+    # The whole config: the fit checks inspect_datasets ran read tasks and learners too.
+    return cfg.model_dump_json()
 
 
 def _inspected_now(info: DatasetInfo) -> _Inspected:

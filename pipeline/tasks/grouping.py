@@ -152,6 +152,15 @@ class RowGroups(NamedTuple):
     modules: list[str]
 
 
+def of_modules(table: pa.Table, schema: EpisodeSchema, modules: Collection[str] | None) -> pa.Table:
+    """The rows of ``table`` (read from files of ``schema``) that belong to ``modules``
+    (None: all of them)."""
+    if modules is None or not schema.has_module_id:
+        return table
+    wanted = pa.array(sorted(modules))
+    return table.filter(pc.is_in(decoded(table.column("module_id")), wanted))
+
+
 def sort_by_task(table: pa.Table) -> pa.Table:
     """``table`` sorted by (module, task, eps_id, t): an order that no file order changes."""
     ids = [name for name in ("module_id", "task_id") if name in table.column_names]

@@ -17,11 +17,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.contract.schema import DatasetError
-from pipeline.io.arrow_columns import decoded
 from pipeline.reads.episodes import DatasetInfo, Episodes, canonical_table
 from pipeline.reads.returns import split_derived
 from pipeline.streams.selection import check_modules, resolve_columns
@@ -31,6 +29,7 @@ from pipeline.tasks.grouping import (
     group_rows,
     grouped_samples,
     no_rows_message,
+    of_modules,
     read_names,
     sort_by_task,
     with_inputs,
@@ -190,8 +189,5 @@ def _read_files_sorted(
         canonical_table(info, pq.read_table(path, columns=on_disk, filesystem=info.filesystem))
         for path in info.files
     ]
-    table = pa.concat_tables(parts)
-    if modules is not None and schema.has_module_id:
-        wanted = pa.array(sorted(modules))
-        table = table.filter(pc.is_in(decoded(table.column("module_id")), wanted))
+    table = of_modules(pa.concat_tables(parts), schema, modules)
     return sort_by_task(table) if table.num_rows else table

@@ -32,7 +32,6 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.contract.schema import DatasetError, EpisodeSchema
-from pipeline.io.arrow_columns import decoded
 from pipeline.reads.episodes import DatasetInfo
 from pipeline.tasks.grouping import (
     TaskSamples,
@@ -40,6 +39,7 @@ from pipeline.tasks.grouping import (
     group_rows,
     grouped_samples,
     no_rows_message,
+    of_modules,
     read_names,
     sort_by_task,
     with_inputs,
@@ -160,10 +160,7 @@ class TaskWindows:
         table = pa.concat_tables(parts).rename_columns(names)
         if "t" in names and pa.types.is_int64(table.schema.field("t").type):
             table = table.set_column(names.index("t"), "t", pc.cast(table.column("t"), pa.int32()))
-        if self.modules is not None and self.schema.has_module_id:
-            wanted = pa.array(sorted(self.modules))
-            table = table.filter(pc.is_in(decoded(table.column("module_id")), wanted))
-        return table
+        return of_modules(table, self.schema, self.modules)
 
     @property
     def _stored(self) -> tuple[str, ...]:
