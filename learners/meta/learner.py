@@ -63,6 +63,8 @@ _LOSSES = ("query_loss", "support_loss_before", "support_loss_after")
 _AUX = (*_LOSSES, "nonfinite")
 _AFTER = "support_loss_after"
 """The one metric that costs a forward pass of its own (`step(support_loss_after=False)`)."""
+_ADAPTED = "adapted"
+"""The aux entry of a module's adapted parameters, checked after the vmapped call."""
 
 
 class MetaGradients(NamedTuple):
@@ -125,10 +127,15 @@ class MetaLearner:
         self._leaves += list(self._log_lrs.values())
         self._optimizer = _outer_optimizer(cfg, self._params, self._log_lrs)
         self.metrics = metrics if metrics is not None else MetricsLogger()
-        # Per task, with and without the support loss after adaptation.
+        # Per task, with and without the support loss after adaptation. Under
+        # inner.nonfinite='error' the adapted parameters come out, checked in `_outcome`: a
+        # vector norm per tensor costs several times more per task inside vmap than batched.
+        adapted_out = cfg.inner.nonfinite == "error"
         self._vmapped_tasks = {
             after: torch.func.vmap(
-                functools.partial(self._task_objective, support_loss_after=after),
+                functools.partial(
+                    self._task_objective, support_loss_after=after, adapted_out=adapted_out
+                ),
                 in_dims=(None, None, 0, 0),
                 randomness="different",
             )
@@ -395,6 +402,9 @@ class MetaLearner:
     ) -> tuple[dict[str, Tensor | int], InnerCheck | None]:
         """Step metrics from the per-task aux values, and, under inner.nonfinite='error' with
         vmap, what the inner updates met (the per-task loop raises at once instead)."""
+        for a in aux.values():
+            if _ADAPTED in a:
+                a["nonfinite"] = _nonfinite_tasks(a.pop(_ADAPTED)).to(a["query_loss"].dtype)
         # Per module: tasks with a non-finite inner step (the metric sums them).
         counts = {m: (a["nonfinite"] > 0).sum() for m, a in aux.items()}
         metrics = self._task_metrics(aux, counts, num_tasks)
@@ -448,21 +458,28 @@ class MetaLearner:
         query: Batch,
         *,
         support_loss_after: bool,
-    ) -> tuple[Tensor, dict[str, dict[str, Tensor]]]:
+        adapted_out: bool = False,
+    ) -> tuple[Tensor, dict[str, dict[str, Any]]]:
         """One task's summed query loss (the meta-objective) and, per module, its detached
         aux values by name (`_AUX`, less `support_loss_after` when not asked for); under vmap
-        every value gains a leading task dimension."""
+        every value gains a leading task dimension. With `adapted_out` (under
+        inner.nonfinite='error') the module's adapted parameters take the place of
+        `nonfinite`, for `_outcome` to check."""
         lrs = lrs_from_log(log_lrs, params, self.config.inner.learned_lr) if log_lrs else None
-        adapted, inner = self._rule.adapt(params, support, lrs=lrs)
+        adapted, inner = self._rule.adapt(params, support, lrs=lrs, check_nonfinite=not adapted_out)
         query_losses = self._rule.outer_losses(adapted, query)
-        aux = {
+        aux: dict[str, dict[str, Any]] = {
             m: {
                 "query_loss": query_losses[m].detach(),
                 "support_loss_before": inner[m]["loss_before"],
-                "nonfinite": inner[m]["nonfinite"],
             }
             for m in query_losses
         }
+        for m, named in aux.items():
+            if adapted_out:
+                named[_ADAPTED] = list(adapted[m].values())
+            else:
+                named["nonfinite"] = inner[m]["nonfinite"]
         if support_loss_after:
             with torch.no_grad():  # a record: no graph, so the adapted values need no detach
                 after = self._rule.inner_losses(adapted, support)
@@ -525,6 +542,15 @@ def _columns(aux: dict[str, Tensor]) -> list[Tensor]:
         return [aux[key] for key in _AUX]
     zeros = torch.zeros_like(aux["query_loss"])
     return [aux[key] if key != _AFTER else zeros for key in _AUX]
+
+
+def _nonfinite_tasks(params: list[Tensor]) -> Tensor:
+    """Per task (the leading dimension): whether its parameters hold a NaN or an infinity,
+    from their global norm, as `DifferentiableLearner.update` checks one task's."""
+    rows = [p.flatten(1) if p.dim() > 1 else p.unsqueeze(1) for p in params]
+    with torch.no_grad():
+        norms = torch.stack([torch.linalg.vector_norm(r, dim=1) for r in rows], dim=1)
+        return ~torch.isfinite(torch.linalg.vector_norm(norms, dim=1))
 
 
 def _lr_stats(log_lrs: list[Tensor]) -> dict[str, Tensor]:
