@@ -48,13 +48,22 @@ class InnerRule:
         return expanded
 
     def adapt(
-        self, params: Params, support: Batch, *, lrs: Params | None, steps: int | None = None
+        self,
+        params: Params,
+        support: Batch,
+        *,
+        lrs: Params | None,
+        steps: int | None = None,
+        check_nonfinite: bool = True,
     ) -> tuple[Params, dict[str, dict[str, Tensor]]]:
         """Parameters after every phase on an expanded `support` batch, and each updated
-        module's inner metrics (`loss_before`, `nonfinite`)."""
+        module's inner metrics (`loss_before`, `nonfinite`; see
+        `DifferentiableLearner.update` for `check_nonfinite`)."""
         metrics: dict[str, dict[str, Tensor]] = {}
         for phase in self.phases:
-            result = phase.update(params, support, lrs=lrs, steps=steps)
+            result = phase.update(
+                params, support, lrs=lrs, steps=steps, check_nonfinite=check_nonfinite
+            )
             params = result.params
             metrics.update(result.metrics)
         return params, metrics

@@ -17,6 +17,7 @@ With `config.compile` the whole step runs as one compiled function
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -60,6 +61,10 @@ _RUN_SETTINGS = ("compile", "float32_matmul")
 # of its non-finite inner steps.
 _LOSSES = ("query_loss", "support_loss_before", "support_loss_after")
 _AUX = (*_LOSSES, "nonfinite")
+_AFTER = "support_loss_after"
+"""The one metric that costs a forward pass of its own (`step(support_loss_after=False)`)."""
+_ADAPTED = "adapted"
+"""The aux entry of a module's adapted parameters, checked after the vmapped call."""
 
 
 class MetaGradients(NamedTuple):
@@ -122,9 +127,20 @@ class MetaLearner:
         self._leaves += list(self._log_lrs.values())
         self._optimizer = _outer_optimizer(cfg, self._params, self._log_lrs)
         self.metrics = metrics if metrics is not None else MetricsLogger()
-        self._vmapped_task = torch.func.vmap(
-            self._task_objective, in_dims=(None, None, 0, 0), randomness="different"
-        )
+        # Per task, with and without the support loss after adaptation. Under
+        # inner.nonfinite='error' the adapted parameters come out, checked in `_outcome`: a
+        # vector norm per tensor costs several times more per task inside vmap than batched.
+        adapted_out = cfg.inner.nonfinite == "error"
+        self._vmapped_tasks = {
+            after: torch.func.vmap(
+                functools.partial(
+                    self._task_objective, support_loss_after=after, adapted_out=adapted_out
+                ),
+                in_dims=(None, None, 0, 0),
+                randomness="different",
+            )
+            for after in (True, False)
+        }
         self._outer = OuterStep(
             OuterRule.of(cfg.outer, self._optimizer, self._leaves),
             self._optimizer,
@@ -155,17 +171,24 @@ class MetaLearner:
         return self._compiled
 
     @with_float32_matmul
-    def step(self, meta_batch: MetaBatch) -> dict[str, Tensor | int]:
+    def step(
+        self, meta_batch: MetaBatch, *, support_loss_after: bool = True
+    ) -> dict[str, Tensor | int]:
         """One meta-step: `compute_meta_gradients` then `apply_meta_gradients` (or both as
         one compiled function), logged.
 
         Returns 0-d detached tensors (call `float()` when needed) and `num_tasks`; nothing
         here waits for the device, so a non-finite value met under an `error` policy is
-        raised by the next `check_finite`.
+        raised by the next `check_finite`. `support_loss_after=False` leaves that metric out
+        of an eager step (neither returned nor logged): it is the one metric that needs a
+        forward pass of its own, and `run_meta_training` asks for it only on the steps whose
+        value a metrics read will see. The compiled step always measures it.
         """
         metrics = self._compiled.step(meta_batch) if self._compiled is not None else None
         if metrics is None:
-            grads, metrics = self.compute_meta_gradients(meta_batch)
+            grads, metrics = self.compute_meta_gradients(
+                meta_batch, support_loss_after=support_loss_after
+            )
             metrics.update(self.apply_meta_gradients(grads))
         self.metrics.log_many(metrics, _REDUCE)
         num_tasks = metrics["num_tasks"]
@@ -174,17 +197,21 @@ class MetaLearner:
         return metrics
 
     @with_float32_matmul
-    def compute_meta_gradients(self, meta_batch: MetaBatch) -> tuple[MetaGradients, dict]:
+    def compute_meta_gradients(
+        self, meta_batch: MetaBatch, *, support_loss_after: bool = True
+    ) -> tuple[MetaGradients, dict]:
         """Meta-gradients of the mean query loss over the meta-batch's tasks, without stepping.
 
         Workers of a data-parallel run each call this on their shard, average the gradients
-        (`MetaGradients.tensors()`), and call `apply_meta_gradients`.
+        (`MetaGradients.tensors()`), and call `apply_meta_gradients`. With
+        `support_loss_after=False` the metrics leave that loss out (see `step`).
         """
         support, query, num_tasks = self._prepare(meta_batch)
         for leaf in self._leaves:
             leaf.grad = None
         if self.config.vectorize == "vmap":
-            totals, aux = self._vmapped_task(self._params, self._log_lrs, support, query)
+            objective = self._vmapped_tasks[support_loss_after]
+            totals, aux = objective(self._params, self._log_lrs, support, query)
             totals.mean().backward()
         else:
             per_task = []
@@ -194,6 +221,7 @@ class MetaLearner:
                     self._log_lrs,
                     task_slice(support, index),
                     task_slice(query, index),
+                    support_loss_after=support_loss_after,
                 )
                 (total / num_tasks).backward()
                 per_task.append(task_aux)
@@ -374,6 +402,9 @@ class MetaLearner:
     ) -> tuple[dict[str, Tensor | int], InnerCheck | None]:
         """Step metrics from the per-task aux values, and, under inner.nonfinite='error' with
         vmap, what the inner updates met (the per-task loop raises at once instead)."""
+        for a in aux.values():
+            if _ADAPTED in a:
+                a["nonfinite"] = _nonfinite_tasks(a.pop(_ADAPTED)).to(a["query_loss"].dtype)
         # Per module: tasks with a non-finite inner step (the metric sums them).
         counts = {m: (a["nonfinite"] > 0).sum() for m, a in aux.items()}
         metrics = self._task_metrics(aux, counts, num_tasks)
@@ -386,7 +417,7 @@ class MetaLearner:
     def _compiled_step(self) -> CompiledMetaStep:
         parts = MetaStepParts(
             prepare=self._prepare,
-            objective=self._vmapped_task,
+            objective=self._vmapped_tasks[True],
             outcome=self._outcome,
             params=self._params,
             trained=self._trained,
@@ -420,24 +451,40 @@ class MetaLearner:
         return lrs_from_log(detached, self._params, self.config.inner.learned_lr)
 
     def _task_objective(
-        self, params: Params, log_lrs: dict[str, Tensor], support: Batch, query: Batch
-    ) -> tuple[Tensor, dict[str, dict[str, Tensor]]]:
+        self,
+        params: Params,
+        log_lrs: dict[str, Tensor],
+        support: Batch,
+        query: Batch,
+        *,
+        support_loss_after: bool,
+        adapted_out: bool = False,
+    ) -> tuple[Tensor, dict[str, dict[str, Any]]]:
         """One task's summed query loss (the meta-objective) and, per module, its detached
-        aux values by name (`_AUX`); under vmap every value gains a leading task dimension."""
+        aux values by name (`_AUX`, less `support_loss_after` when not asked for); under vmap
+        every value gains a leading task dimension. With `adapted_out` (under
+        inner.nonfinite='error') the module's adapted parameters take the place of
+        `nonfinite`, for `_outcome` to check."""
         lrs = lrs_from_log(log_lrs, params, self.config.inner.learned_lr) if log_lrs else None
-        adapted, inner = self._rule.adapt(params, support, lrs=lrs)
+        adapted, inner = self._rule.adapt(params, support, lrs=lrs, check_nonfinite=not adapted_out)
         query_losses = self._rule.outer_losses(adapted, query)
-        with torch.no_grad():  # a record: no graph, so the adapted values need no detach
-            after = self._rule.inner_losses(adapted, support)
-        aux = {
+        aux: dict[str, dict[str, Any]] = {
             m: {
                 "query_loss": query_losses[m].detach(),
                 "support_loss_before": inner[m]["loss_before"],
-                "support_loss_after": after[m],
-                "nonfinite": inner[m]["nonfinite"],
             }
             for m in query_losses
         }
+        for m, named in aux.items():
+            if adapted_out:
+                named[_ADAPTED] = list(adapted[m].values())
+            else:
+                named["nonfinite"] = inner[m]["nonfinite"]
+        if support_loss_after:
+            with torch.no_grad():  # a record: no graph, so the adapted values need no detach
+                after = self._rule.inner_losses(adapted, support)
+            for m, named in aux.items():
+                named[_AFTER] = after[m]
         if len(query_losses) == 1:  # the sum of one loss is that loss, exactly
             (total,) = query_losses.values()
             return total, aux
@@ -464,8 +511,10 @@ class MetaLearner:
         count of tasks with a non-finite step."""
         # One reduction over tasks per module, of a [tasks, len(_AUX)] tensor whose columns are
         # named by _AUX at once: a column reduced on its own is summed in another order and
-        # would change the reported losses in their last bit.
-        stacked = {m: torch.stack([a[key] for key in _AUX], dim=1).mean(0) for m, a in aux.items()}
+        # would change the reported losses in their last bit. A loss not measured keeps its
+        # column, as zeros, so that the others are reduced exactly as when it is.
+        after = _AFTER in next(iter(aux.values()))
+        stacked = {m: torch.stack(_columns(a), dim=1).mean(0) for m, a in aux.items()}
         means = {m: dict(zip(_AUX, mean.unbind(), strict=True)) for m, mean in stacked.items()}
         if len(means) == 1:  # the sums over one module are its values, exactly
             (total,) = means.values()
@@ -474,14 +523,34 @@ class MetaLearner:
             sums = torch.stack(list(stacked.values())).sum(0).unbind()
             total = dict(zip(_AUX, sums, strict=True))
             nonfinite_tasks = torch.stack(list(nonfinite.values())).sum()
-        metrics: dict[str, Tensor | int] = {key: total[key] for key in _LOSSES}
+        metrics: dict[str, Tensor | int] = {
+            key: total[key] for key in _LOSSES if after or key != _AFTER
+        }
         metrics["inner_nonfinite_tasks"] = nonfinite_tasks
         metrics["num_tasks"] = num_tasks
         if len(means) > 1:
             for m, mean in means.items():
                 metrics[f"{m}/query_loss"] = mean["query_loss"]
-                metrics[f"{m}/support_loss_after"] = mean["support_loss_after"]
+                if after:
+                    metrics[f"{m}/{_AFTER}"] = mean[_AFTER]
         return metrics
+
+
+def _columns(aux: dict[str, Tensor]) -> list[Tensor]:
+    """One module's aux values [tasks] in `_AUX` order; zeros for a loss not measured."""
+    if _AFTER in aux:
+        return [aux[key] for key in _AUX]
+    zeros = torch.zeros_like(aux["query_loss"])
+    return [aux[key] if key != _AFTER else zeros for key in _AUX]
+
+
+def _nonfinite_tasks(params: list[Tensor]) -> Tensor:
+    """Per task (the leading dimension): whether its parameters hold a NaN or an infinity,
+    from their global norm, as `DifferentiableLearner.update` checks one task's."""
+    rows = [p.flatten(1) if p.dim() > 1 else p.unsqueeze(1) for p in params]
+    with torch.no_grad():
+        norms = torch.stack([torch.linalg.vector_norm(r, dim=1) for r in rows], dim=1)
+        return ~torch.isfinite(torch.linalg.vector_norm(norms, dim=1))
 
 
 def _lr_stats(log_lrs: list[Tensor]) -> dict[str, Tensor]:

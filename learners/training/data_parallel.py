@@ -70,8 +70,12 @@ class DataParallelMetaLearner(MetaLearner):
     it). The task metrics it logs stay this worker's own, for ``CrossWorkerMetrics``.
     """
 
-    def compute_meta_gradients(self, meta_batch: MetaBatch) -> tuple[MetaGradients, dict]:
-        grads, metrics = super().compute_meta_gradients(meta_batch)
+    def compute_meta_gradients(
+        self, meta_batch: MetaBatch, *, support_loss_after: bool = True
+    ) -> tuple[MetaGradients, dict]:
+        grads, metrics = super().compute_meta_gradients(
+            meta_batch, support_loss_after=support_loss_after
+        )
         return average_gradients(grads, int(metrics["num_tasks"])), metrics
 
 

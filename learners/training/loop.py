@@ -88,6 +88,17 @@ def run_meta_training(
             return stop - start
         return min(stop, (iteration // checkpoint_every + 1) * checkpoint_every) - start
 
+    window = learner.metrics.window
+    reads = [log_every, history_every] + ([checkpoint_every] if on_checkpoint is not None else [])
+
+    def read_later(iteration: int) -> bool:
+        """Whether a metrics read (a log line, a history point, a checkpoint's saved window)
+        will see this iteration's values: the next read comes fewer than `window` steps on,
+        so that every window read holds exactly the values it would if every step measured.
+        """
+        next_read = min([stop, *(-(-iteration // every) * every for every in reads)])
+        return next_read - iteration < window
+
     batches: Iterator[MetaBatch] = iter(meta_batches)
     prefetcher = None
     if prefetch:
@@ -102,7 +113,7 @@ def run_meta_training(
                     f"meta_batches ran out after {iteration - start} meta-batches; "
                     f"expected {stop - start} (iterations {start + 1}..{stop})"
                 ) from None
-            learner.step(meta_batch)
+            learner.step(meta_batch, support_loss_after=read_later(iteration + 1))
             iteration += 1
             last = iteration == stop
             checkpoint = on_checkpoint is not None and (iteration % checkpoint_every == 0 or last)
