@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import json
@@ -490,17 +491,21 @@ class _Renewal:
                 self._backend.swap(self._key, self._body, tagged.etag)
 
 
-class S3Access(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class S3Access:
     """What run storage's S3 client is built from: the standard AWS variables of the process
     that started the run (None: boto3's own chain). Ray Train workers get the driver's, so a
     worker on another node writes its run's records with the same endpoint and keys, as the
-    datasets' filesystem carries them (``pipeline.io.s3``)."""
+    datasets' filesystem carries them (``pipeline.io.s3``).
+
+    Not a tuple, and its repr leaves the keys out: Ray Train shows its train loop config in
+    the run's state as ``str()`` of each value, tuples item by item."""
 
     endpoint: str | None = None
     region: str | None = None
-    key_id: str | None = None
-    secret: str | None = None
-    token: str | None = None
+    key_id: str | None = dataclasses.field(default=None, repr=False)
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    token: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def from_environment(cls) -> S3Access:
@@ -512,9 +517,6 @@ class S3Access(NamedTuple):
             secret=environ("AWS_SECRET_ACCESS_KEY"),
             token=environ("AWS_SESSION_TOKEN"),
         )
-
-    def __repr__(self) -> str:  # the keys stay out of logs and error messages
-        return f"S3Access(endpoint={self.endpoint!r}, region={self.region!r})"
 
 
 @functools.lru_cache(maxsize=8)

@@ -36,8 +36,8 @@ def offmeta_on_cluster(
     cluster: RayCluster, work: Path, data: str, settings: list[str], *extra: str
 ) -> subprocess.Popen[str]:
     """``offmeta run`` of the tiny config (``ITERATIONS``, a checkpoint every
-    ``CHECKPOINT_EVERY``) with 2 learners on the cluster, ``--set`` each of ``settings``;
-    output (stdout and stderr) as text, in a process group of its own."""
+    ``CHECKPOINT_EVERY``, no rollouts) with 2 learners on the cluster, ``--set`` each of
+    ``settings``; output (stdout and stderr) as text, in a process group of its own."""
     from prefect.settings import PREFECT_API_URL
 
     document = tiny_document(Path("unused"), work)
@@ -51,6 +51,7 @@ def offmeta_on_cluster(
         f"training.iterations={ITERATIONS}",
         f"training.checkpoint_every={CHECKPOINT_EVERY}",
         f"training.log_every={CHECKPOINT_EVERY}",
+        "evaluation.rollout_episodes=0",
         f"ray.address={cluster.address}",
         *settings,
     ]:

@@ -57,5 +57,6 @@ def test_a_worker_reaches_s3_run_storage_with_the_drivers_access(
         monkeypatch.delenv(name)
     assert record_attempt(run_at(location, access)) == 0
     assert record_attempt(run_at(location, access)) == 1
-    assert "secret" not in repr(access) and access.secret not in repr(access)
-    assert repr(access) == f"S3Access(endpoint={access.endpoint!r}, region='us-east-1')"
+    # Ray Train shows the train loop config's values as str(): never the keys.
+    assert str(access) == f"S3Access(endpoint={access.endpoint!r}, region='us-east-1')"
+    assert not isinstance(access, tuple)
