@@ -168,9 +168,8 @@ def run_at(location: str | os.PathLike[str], access: S3Access | None = None) -> 
                 f"{location}: names a bucket, not a run directory; expected "
                 "s3://bucket/prefix/<run id>"
             )
-        return S3RunsRoot(S3Root(parsed.bucket, parent), access or S3Access.from_environment()).run(
-            name
-        )
+        root = S3RunsRoot(S3Root(parsed.bucket, parent), access or S3Access.from_environment())
+        return root.run(name)
     return LocalRunDir(parsed)
 
 
@@ -250,11 +249,10 @@ class LocalRunDir(RunDir):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with os.fdopen(fd, "wb") as created:
+            created.write(data)
+            created.flush()
+            os.fsync(created.fileno())
         fsync_dir(path.parent)
         return True
 
