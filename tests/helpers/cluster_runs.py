@@ -15,7 +15,6 @@ from typing import NamedTuple
 import boto3
 
 from tests.helpers.flow_runs import tiny_document, write_config
-from tests.helpers.paths import REPO
 from tests.helpers.ray_cluster import RayCluster
 from tests.helpers.s3_server import OFFMETA
 
@@ -32,18 +31,11 @@ class Registered(NamedTuple):
     iteration: int
 
 
-def offmeta_on_cluster(
-    cluster: RayCluster, work: Path, data: str, settings: list[str], *extra: str
-) -> subprocess.Popen[str]:
-    """``offmeta run`` of the tiny config (``ITERATIONS``, a checkpoint every
-    ``CHECKPOINT_EVERY``, no rollouts) with 2 learners on the cluster, ``--set`` each of
-    ``settings``; output (stdout and stderr) as text, in a process group of its own."""
-    from prefect.settings import PREFECT_API_URL
-
-    document = tiny_document(Path("unused"), work)
-    config = write_config(work / "run.yaml", document)
-    argv = [*OFFMETA, "run", "--config", str(config)]
-    for setting in [
+def cluster_settings(cluster: RayCluster, data: str, settings: list[str]) -> list[str]:
+    """The ``--set`` overrides of a run of the tiny config on the cluster: ``ITERATIONS``, a
+    checkpoint every ``CHECKPOINT_EVERY``, no rollouts, 2 learners, the datasets under
+    ``data``, then ``settings``."""
+    return [
         f"data.train={data}/train",
         f"data.heldout={data}/heldout",
         "learners.num_learners=2",
@@ -54,18 +46,46 @@ def offmeta_on_cluster(
         "evaluation.rollout_episodes=0",
         f"ray.address={cluster.address}",
         *settings,
-    ]:
+    ]
+
+
+def offmeta_on_cluster(
+    cluster: RayCluster, work: Path, data: str, settings: list[str], *extra: str
+) -> subprocess.Popen[str]:
+    """``offmeta run`` of the tiny config with ``cluster_settings`` in ``work``; output
+    (stdout and stderr) as text, in a process group of its own."""
+    from prefect.settings import PREFECT_API_URL
+
+    config = write_config(work / "run.yaml", tiny_document(Path("unused"), work))
+    argv = [*OFFMETA, "run", "--config", str(config)]
+    for setting in cluster_settings(cluster, data, settings):
         argv += ["--set", setting]
     env = dict(os.environ, **cluster.environment, PREFECT_API_URL=PREFECT_API_URL.value())
     return subprocess.Popen(
         [*argv, *extra],
-        cwd=REPO,
+        cwd=work,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
+
+
+def keys(runs_root: str) -> list[str]:
+    """The keys under ``runs_root`` (``s3://bucket/prefix``), without that prefix, sorted."""
+    bucket, _, prefix = runs_root.removeprefix("s3://").partition("/")
+    pages = (
+        boto3.client("s3")
+        .get_paginator("list_objects_v2")
+        .paginate(Bucket=bucket, Prefix=f"{prefix}/")
+    )
+    found = (
+        item["Key"].removeprefix(f"{prefix}/")
+        for page in pages
+        for item in page.get("Contents", ())
+    )
+    return sorted(key for key in found if key)  # not the folder marker pyarrow puts
 
 
 def registered_checkpoint(runs_root: str) -> Registered | None:

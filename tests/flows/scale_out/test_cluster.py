@@ -1,6 +1,9 @@
 """``offmeta run`` on a Ray cluster whose nodes do not share a disk (``tests.helpers.ray_cluster``:
 a head without CPUs and two worker nodes, each with a private tmpfs over ``/tmp`` and the
-head's data root), with data, run storage and artifacts on moto's S3 server.
+head's data root), with data, run storage (``training.checkpoint_dir: s3://...``) and
+artifacts on moto's S3 server: run.json, the checkpoints, the restart count and the finished
+marker go to the bucket; a driver SIGKILLed mid-run leaves its lock behind, which refuses
+nobody once its process is gone, while the lock of a live driver refuses a second one.
 
 The runs are ``offmeta run`` subprocesses joining the cluster with ``--set
 ray.address=HOST:PORT``, beside the test session's own local Ray. One uninterrupted run is
@@ -13,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -25,16 +29,19 @@ import pyarrow.fs as pafs
 import pytest
 import torch
 
-from flows.runs.run_dirs import read_run
+from flows.config import MetaTrainConfig
+from flows.runs.run_dirs import RunDirError, check_resumable, read_run
 from pipeline.artifacts import ArtifactStore
 from pipeline.io.dataset_source import filesystem_for
 from tests.helpers.cluster_runs import (
     CHECKPOINT_EVERY,
     ITERATIONS,
+    cluster_settings,
+    keys,
     offmeta_on_cluster,
     when_checkpointed,
 )
-from tests.helpers.flow_runs import tiny_point_robot
+from tests.helpers.flow_runs import tiny_config, tiny_point_robot
 from tests.helpers.offmeta_process import reap
 from tests.helpers.ray_cluster import RayCluster, mount_namespaces_refusal, ray_cluster
 
@@ -109,7 +116,18 @@ def straight(cluster: RayCluster, s3_data: str, bucket: str) -> ArtifactStore:
     work = _work(cluster, "straight")
     done = _finish(offmeta_on_cluster(cluster, work, s3_data, _storage(bucket, "straight")))
     assert done.returncode == 0, done.output[-4000:]
+    assert not (work / "runs").exists() and not (work / "s3:").exists()  # nothing local
     return ArtifactStore(f"{bucket}/store-straight")
+
+
+def _until_held(process: subprocess.Popen[str], run_dir: str, cfg: MetaTrainConfig) -> None:
+    """Check that the run at ``run_dir`` can be resumed until it cannot (``RunDirError``):
+    ``process`` holds it."""
+    deadline = time.monotonic() + _RUN_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        check_resumable(read_run(run_dir), cfg)
+        time.sleep(0.1)
+    raise AssertionError(f"{run_dir} was never held by process {process.pid}")
 
 
 def _assert_ends_equal(store: ArtifactStore, reference: ArtifactStore) -> None:
@@ -144,11 +162,20 @@ def test_a_local_run_dir_is_refused_before_training(
 
 
 def test_a_run_trains_on_two_worker_nodes_and_publishes_to_s3(
-    cluster: RayCluster, straight: ArtifactStore
+    cluster: RayCluster, bucket: str, straight: ArtifactStore
 ) -> None:
     manifest = straight.get(f"{NAME}@latest")
     assert manifest.spec == f"{NAME}:1"
+    (run,) = {key.split("/")[0] for key in keys(f"{bucket}/runs-straight")}
+    written = [key.removeprefix(f"{run}/") for key in keys(f"{bucket}/runs-straight")]
+    assert {"run.json", "finished.json"} <= set(written)
+    assert "run.lock" not in written
+    assert "ray/train/offmeta-attempts/attempt-0000" in written
+    for rank in (0, 1):
+        shard = rf"ray/train/checkpoint_[^/]+/learner-{rank}\.safetensors"
+        assert any(re.fullmatch(shard, key) for key in written), written
     extras = manifest.lineage.extras
+    assert extras["checkpoint"].startswith(f"{bucket}/runs-straight/{run}/ray/train/checkpoint_")
     assert (extras["num_learners"], extras["restarts"]) == (2, 0)
     # Two workers, each on its own worker node: the head has no CPU to give one.
     nodes = extras["worker_nodes"]
@@ -170,16 +197,36 @@ def test_a_killed_driver_resumes_from_s3_and_ends_equal(
     finally:
         reap(driver)
     assert driver.returncode == -signal.SIGKILL
-    assert read_run(killed.run_dir).finished is None
-    (killed_flow_run,) = read_run(killed.run_dir).flow_run_ids()
+    record = read_run(killed.run_dir)
+    assert record.finished is None
+    (killed_flow_run,) = record.flow_run_ids()
+    run_keys = f"{bucket}/runs-driver-kill"
+    assert f"{killed.run_dir.rsplit('/', 1)[1]}/run.lock" in keys(run_keys)
+    cfg = tiny_config(Path("unused"), work, cluster_settings(cluster, s3_data, storage))
+    check_resumable(record, cfg)  # its holder is gone
 
-    done = _finish(offmeta_on_cluster(cluster, work, s3_data, storage, "--resume", killed.run_dir))
+    resumed = offmeta_on_cluster(cluster, work, s3_data, storage, "--resume", killed.run_dir)
+    try:
+        # While it runs, its lock refuses a second driver on the same run.
+        with pytest.raises(RunDirError) as refused:
+            _until_held(resumed, killed.run_dir, cfg)
+        assert str(refused.value) == (
+            f"{killed.run_dir}: it is running: process {resumed.pid} on {socket.gethostname()} "
+            "holds its run.lock; wait for that run to end or stop it first"
+        )
+    finally:
+        done = _finish(resumed)
     assert done.returncode == 0, done.output[-4000:]
     match = re.search(
         rf"^resumed {re.escape(killed.run_dir)} at iteration (\d+)$", done.output, re.M
     )
     assert match is not None, done.output[-4000:]
     assert killed.iteration <= int(match.group(1)) < ITERATIONS
+    assert done.output.splitlines()[-1].startswith(
+        f"published {NAME}:1: {bucket}/store-driver-kill/"
+    ), done.output[-4000:]
+    assert read_run(killed.run_dir).finished["artifact"] == f"{NAME}:1"
+    assert f"{killed.run_dir.rsplit('/', 1)[1]}/run.lock" not in keys(run_keys)
     store = ArtifactStore(f"{bucket}/store-driver-kill")
     assert store.get(f"{NAME}:1").lineage.extras["resumed_from_iteration"] == int(match.group(1))
     _assert_ends_equal(store, straight)
