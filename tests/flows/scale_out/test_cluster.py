@@ -45,8 +45,8 @@ from tests.helpers.flow_runs import tiny_config, tiny_point_robot
 from tests.helpers.offmeta_process import reap
 from tests.helpers.ray_cluster import RayCluster, mount_namespaces_refusal, ray_cluster
 
-# Hang guards, sized for a busy 2-core machine (at a load average of 18, two runs and the
-# cluster's start and stop took 9 min there).
+# Hang guards, sized for a busy 2-core machine: at load averages of 10 to 28 the longest
+# test took 273 s there, the module 10 to 15 min (docs/cluster-tests.md).
 pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("prefect_harness")]
 
 NAME = "tiny-robot"
