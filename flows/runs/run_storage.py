@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import json
@@ -97,6 +98,15 @@ class RunDir(abc.ABC):
         """Write ``file``, which nobody may have written before (``RunDirError`` if so on S3)."""
 
     @abc.abstractmethod
+    def create(self, file: str, data: bytes) -> bool:
+        """Create ``file`` (in folders made as needed) unless it exists; True when this call
+        created it. Of several processes creating one file, on any hosts, exactly one does."""
+
+    @abc.abstractmethod
+    def files(self, folder: str) -> list[str]:
+        """The names of the files in ``folder``, sorted; none when it does not exist."""
+
+    @abc.abstractmethod
     def hold(self) -> contextlib.AbstractContextManager[None]:
         """Hold the run's lock for the ``with`` block; ``RunDirError`` if a live process
         holds it."""
@@ -137,17 +147,19 @@ class RunsRoot(abc.ABC):
         """Delete what interrupted removals left."""
 
 
-def runs_root(checkpoint_dir: str | os.PathLike[str]) -> RunsRoot:
-    """The runs root ``checkpoint_dir`` names; ``RunDirError`` for a scheme other than
-    ``file://`` and ``s3://``."""
+def runs_root(checkpoint_dir: str | os.PathLike[str], access: S3Access | None = None) -> RunsRoot:
+    """The runs root ``checkpoint_dir`` names (on S3 with ``access``, by default this
+    process's AWS variables); ``RunDirError`` for a scheme other than ``file://`` and
+    ``s3://``."""
     parsed = parse_location(checkpoint_dir)
     if isinstance(parsed, S3Root):
-        return S3RunsRoot(parsed)
+        return S3RunsRoot(parsed, access or S3Access.from_environment())
     return LocalRunsRoot(parsed)
 
 
-def run_at(location: str | os.PathLike[str]) -> RunDir:
-    """The run directory at ``location`` (a path, or ``s3://bucket/prefix/RUN``)."""
+def run_at(location: str | os.PathLike[str], access: S3Access | None = None) -> RunDir:
+    """The run directory at ``location`` (a path, or ``s3://bucket/prefix/RUN``, reached
+    with ``access``: by default this process's AWS variables)."""
     parsed = parse_location(location)
     if isinstance(parsed, S3Root):
         parent, _, name = parsed.prefix.rpartition("/")
@@ -156,7 +168,8 @@ def run_at(location: str | os.PathLike[str]) -> RunDir:
                 f"{location}: names a bucket, not a run directory; expected "
                 "s3://bucket/prefix/<run id>"
             )
-        return S3RunsRoot(S3Root(parsed.bucket, parent)).run(name)
+        root = S3RunsRoot(S3Root(parsed.bucket, parent), access or S3Access.from_environment())
+        return root.run(name)
     return LocalRunDir(parsed)
 
 
@@ -229,6 +242,27 @@ class LocalRunDir(RunDir):
     def write_once(self, file: str, data: bytes) -> None:
         self.replace(file, data)
 
+    def create(self, file: str, data: bytes) -> bool:
+        path = self.where / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as created:
+            created.write(data)
+            created.flush()
+            os.fsync(created.fileno())
+        fsync_dir(path.parent)
+        return True
+
+    def files(self, folder: str) -> list[str]:
+        try:
+            entries = (self.where / folder).iterdir()
+            return sorted(entry.name for entry in entries if entry.is_file())
+        except FileNotFoundError:
+            return []
+
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         fd = self._lock()
@@ -290,10 +324,10 @@ def _flock_holder(fd: int) -> Holder | None:
 
 
 class S3RunsRoot(RunsRoot):
-    def __init__(self, root: S3Root) -> None:
+    def __init__(self, root: S3Root, access: S3Access) -> None:
         self.where = str(root)
         self._prefix = root.prefix
-        self._backend = _bucket_backend(root.bucket, *_s3_environment())
+        self._backend = _bucket_backend(root.bucket, access)
 
     def run(self, name: str) -> RunDir:
         return S3RunDir(self._backend, f"{self.where}/{name}", self._key(name))
@@ -346,6 +380,14 @@ class S3RunDir(RunDir):
     def write_once(self, file: str, data: bytes) -> None:
         if not self._backend.put_if_absent(f"{self._prefix}/{file}", data):
             raise RunDirError(f"{self.where}/{file} exists already; expected to write it once")
+
+    def create(self, file: str, data: bytes) -> bool:
+        return self._backend.put_if_absent(f"{self._prefix}/{file}", data)
+
+    def files(self, folder: str) -> list[str]:
+        folder_key = f"{self._prefix}/{folder.strip('/')}/"
+        names = (info.key.removeprefix(folder_key) for info in self._backend.list(folder_key))
+        return sorted(name for name in names if "/" not in name)
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
@@ -447,19 +489,53 @@ class _Renewal:
                 self._backend.swap(self._key, self._body, tagged.etag)
 
 
-def _s3_environment() -> tuple[str | None, str | None]:
-    """What an S3 client is built from that may change within a process (the tests' servers)."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return endpoint, os.environ.get("AWS_ACCESS_KEY_ID")
+@dataclasses.dataclass(frozen=True)
+class S3Access:
+    """What run storage's S3 client is built from: the standard AWS variables of the process
+    that started the run (None: boto3's own chain). Ray Train workers get the driver's, so a
+    worker on another node writes its run's records with the same endpoint and keys, as the
+    datasets' filesystem carries them (``pipeline.io.s3``).
+
+    Not a tuple, and its repr leaves the keys out: Ray Train shows its train loop config in
+    the run's state as ``str()`` of each value, tuples item by item."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    key_id: str | None = dataclasses.field(default=None, repr=False)
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    token: str | None = dataclasses.field(default=None, repr=False)
+
+    @classmethod
+    def from_environment(cls) -> S3Access:
+        environ = os.environ.get
+        return cls(
+            endpoint=environ("AWS_ENDPOINT_URL_S3") or environ("AWS_ENDPOINT_URL"),
+            region=environ("AWS_REGION") or environ("AWS_DEFAULT_REGION"),
+            key_id=environ("AWS_ACCESS_KEY_ID"),
+            secret=environ("AWS_SECRET_ACCESS_KEY"),
+            token=environ("AWS_SESSION_TOKEN"),
+        )
 
 
 @functools.lru_cache(maxsize=8)
-def _bucket_backend(bucket: str, endpoint: str | None, key_id: str | None) -> Any:
+def _bucket_backend(bucket: str, access: S3Access) -> Any:
     """The artifact store's S3 backend on the whole bucket (one boto3 client per bucket and
-    endpoint): its conditional writes are the run records' too."""
+    access): its conditional writes are the run records' too."""
+    import boto3
+    from botocore.config import Config
+
     from pipeline.artifacts.backends.s3 import S3Backend
 
-    return S3Backend(S3Root(bucket), lock_timeout=2 * LOCK_LEASE_S)
+    client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=access.endpoint,
+        region_name=access.region,
+        aws_access_key_id=access.key_id,
+        aws_secret_access_key=access.secret,
+        aws_session_token=access.token,
+        config=Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=16),
+    )
+    return S3Backend(S3Root(bucket), lock_timeout=2 * LOCK_LEASE_S, client=client)
 
 
 def running(holder: Holder) -> str:

@@ -32,6 +32,7 @@ import torch
 
 from flows.config import MetaTrainConfig
 from flows.runs.retry_policy import is_permanent
+from flows.runs.run_storage import S3Access, is_s3
 from flows.runs.train_state import TrainResult, train_result
 from flows.scale_out.cluster_storage import alive_nodes, check_reachable, cluster_error, ray_storage
 from flows.scale_out.worker import WorkerFault, train_loop_per_worker
@@ -127,6 +128,8 @@ def train_on_ray(
             "sampling": sampling_options(cfg),
             "initial_state": initial_state,
             "parent": parent,
+            "run_dir": str(run_dir) if is_s3(run_dir) else str(Path(run_dir).resolve()),
+            "s3_access": S3Access.from_environment(),
             "use_gpu": scaling.use_gpu,
             "cpus_per_worker": scaling.num_cpus_per_worker,
             "fault": fault._asdict() if fault is not None else None,

@@ -12,10 +12,12 @@ them): the layout and contents of ``flows.runs.train_state``, the same as an in-
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import signal
+import socket
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from flows.config import MetaTrainConfig
+from flows.runs.run_storage import RunDir, run_at
 from flows.runs.train_state import learner_shard, restore
 from flows.stages.progress import TrainingProgress
 from learners.meta.meta_batch import MetaBatch
@@ -40,8 +43,9 @@ from pipeline.streams.learner_stream import LearnerStream, split_for_learners
 from pipeline.tasks.options import TaskStream
 from pipeline.tasks.samples import read_task_samples
 
-ATTEMPTS_DIR = "offmeta-attempts"
-"""Under the Ray Train run directory: one empty file per attempt of the worker group."""
+ATTEMPTS_DIR = "ray/train/offmeta-attempts"
+"""Under the run directory (beside Ray Train's checkpoints): one file per attempt of the
+worker group, ``attempt-0000``, ``attempt-0001``..., naming the host and process that made it."""
 
 _log = logging.getLogger("offmeta.scale_out")
 
@@ -62,8 +66,9 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     ``config`` (built by ``flows.scale_out.driver``): ``cfg`` (the run config as JSON),
     ``dataset`` (the ``DatasetInfo`` of the training data: its files, no rows),
     ``sampling`` (``task_samples`` keywords), ``initial_state`` (the learner state every
-    worker starts from), ``parent``, ``use_gpu``, ``cpus_per_worker`` and
-    ``fault`` (a ``WorkerFault`` drill, or None).
+    worker starts from), ``parent``, ``run_dir`` (the run directory: an absolute path or its
+    ``s3://`` URI), ``s3_access`` (the driver's ``S3Access``), ``use_gpu``,
+    ``cpus_per_worker`` and ``fault`` (a ``WorkerFault`` drill, or None).
     """
     import ray
     import ray.train
@@ -76,7 +81,8 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    attempt = broadcast(_record_attempt(context.get_storage()) if rank == 0 else None)
+    run = run_at(config["run_dir"], config["s3_access"])
+    attempt = broadcast(record_attempt(run) if rank == 0 else None)
     nodes: list[str] = [""] * world
     dist.all_gather_object(nodes, ray.get_runtime_context().get_node_id())
 
@@ -186,18 +192,16 @@ def _die_after_checkpoints_registered() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _record_attempt(storage: Any) -> int:
-    """Mark one more attempt under the run directory; returns how many came before it.
+def record_attempt(run: RunDir) -> int:
+    """Mark one more attempt of ``run``'s worker group; returns how many came before it.
 
     A restart that happens before the first checkpoint leaves no other trace, so the
-    attempts are counted here rather than in checkpoints.
+    attempts are counted here rather than in checkpoints. Each attempt creates the first
+    free ``attempt-NNNN`` only if nobody has (``RunDir.create``: O_EXCL, or S3's
+    ``If-None-Match``), so the count is exact whichever node the worker runs on.
     """
-    from pyarrow.fs import FileSelector
-
-    filesystem = storage.storage_filesystem
-    root = f"{storage.experiment_fs_path}/{ATTEMPTS_DIR}"
-    filesystem.create_dir(root, recursive=True)
-    earlier = len(filesystem.get_file_info(FileSelector(root)))
-    with filesystem.open_output_stream(f"{root}/attempt-{earlier:04d}"):
-        pass
-    return earlier
+    attempt = len(run.files(ATTEMPTS_DIR))
+    mark = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
+    while not run.create(f"{ATTEMPTS_DIR}/attempt-{attempt:04d}", mark):
+        attempt += 1
+    return attempt
