@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.contract.schema import DatasetError
+from pipeline.contract.value_checks import check_read_values
 from pipeline.reads.episodes import DatasetInfo, Episodes, canonical_table
 from pipeline.reads.returns import split_derived
 from pipeline.streams.selection import check_modules, resolve_columns
@@ -89,7 +90,12 @@ def read_task_samples(info: DatasetInfo, **options: Any) -> TaskSamples | TaskWi
     """``task_samples(info, **options)``, read in this process: in memory, ``info``'s files
     are read with pyarrow (Ray Data is not used), giving the ``TaskSamples`` that
     ``task_samples`` gives for ``read_episodes`` of the same files; streamed, the same
-    ``TaskWindows``. What a Ray Train worker calls to read its own share."""
+    ``TaskWindows``. What a Ray Train worker calls to read its own share.
+
+Either read refuses NaN or inf in the float columns it holds when the validation did not
+scan every row (``check_values`` ``sample`` or ``off``; see
+``pipeline.contract.value_checks.check_read_values``), in memory once the rows are read
+and streamed once per window."""
     return _sampled(info, _read_files_sorted, **options)
 
 
@@ -142,6 +148,8 @@ def _sampled(
             "inspect_episodes(...), or stream them (mode='stream' with memory_budget_mb)"
         )
     table = reader(episodes, read, modules)
+    if not episodes.values.every_row:
+        check_read_values(table, episodes.files, episodes.filesystem, episodes.schema)
     if table.num_rows == 0:
         raise DatasetError(no_rows_message(modules))
     groups = group_rows(table)
