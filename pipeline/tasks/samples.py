@@ -70,6 +70,11 @@ def task_samples(
     planned from ``seed + e``. With ``gamma`` the samples also carry the columns derived
     at ingest (``returns``, ``returns_truncated``; see ``pipeline.reads.returns``), computed per
     whole episode in memory and per window when streaming (a window holds whole tasks).
+
+    When validation did not scan every row's values (``check_values`` ``sample`` or
+    ``off``), the rows read are refused if a float column holds NaN or inf
+    (``pipeline.contract.value_checks.check_read_values``): in memory once, streamed once per
+    window.
     """
     reader = _read_sorted if isinstance(episodes, Episodes) else None
     return _sampled(
@@ -90,12 +95,7 @@ def read_task_samples(info: DatasetInfo, **options: Any) -> TaskSamples | TaskWi
     """``task_samples(info, **options)``, read in this process: in memory, ``info``'s files
     are read with pyarrow (Ray Data is not used), giving the ``TaskSamples`` that
     ``task_samples`` gives for ``read_episodes`` of the same files; streamed, the same
-    ``TaskWindows``. What a Ray Train worker calls to read its own share.
-
-Either read refuses NaN or inf in the float columns it holds when the validation did not
-scan every row (``check_values`` ``sample`` or ``off``; see
-``pipeline.contract.value_checks.check_read_values``), in memory once the rows are read
-and streamed once per window."""
+    ``TaskWindows``. What a Ray Train worker calls to read its own share."""
     return _sampled(info, _read_files_sorted, **options)
 
 
