@@ -11,7 +11,10 @@ install without Ray or Prefect.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -55,8 +58,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point: the process ends as soon as what it did is written.
+
+    After a command returns, the exit handlers run as usual (Prefect's log and event workers
+    send what they hold, the temporary Prefect server stops, logging flushes), and then the
+    process leaves without tearing the interpreter down: with Ray, torch, pyarrow and Prefect
+    loaded that teardown (module and C++ static destructors) took 6-16 s after the last line
+    of ``offmeta run``, with nothing left to write. A command that raises ends as Python
+    ends it, after printing the traceback.
+    """
+    status: list[int] = []
+    # Registered first, so it runs after every exit handler registered later.
+    atexit.register(_leave, status)
+    status.append(main())
+    sys.exit(status[0])
+
+
+def _leave(status: list[int]) -> None:
+    if not status:
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status[0])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,12 @@ flat float32 storage of each tensor column with numpy: memory stays at one row g
 columns. ``check_values`` (``CheckValues``): ``full`` checks every row group; ``sample`` one
 row group in ``SAMPLE_EVERY``, counted across the dataset in file order from the first;
 ``off`` none.
+
+When that scan did not cover every row (``sample``, ``off``), the reads that feed training
+check what they read (``check_read_values``): one vectorised pass over the float columns of
+each table read, and only when it finds a NaN or inf are the files read scanned again, as
+``full`` would have, for the message validation gives. After ``full`` the reads check
+nothing (``ValueFacts.every_row``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.contract.dataset_json import Space
@@ -48,6 +55,11 @@ class ValueFacts:
     """Rows whose float action has a component outside ``action_space``'s low/high."""
     warning: str | None = None
     """One line about those rows; ``None`` when there are none."""
+
+    @property
+    def every_row(self) -> bool:
+        """Whether every row group was scanned (``full``): reads need not check again."""
+        return self.check_values == "full"
 
 
 @dataclass(frozen=True)
@@ -107,7 +119,7 @@ def check_value_columns(
         before += fact.row_groups
         if not groups:
             continue
-        scan = _check_file(resolved, fact, groups, schema, rules, check)
+        scan = _check_file(resolved.filesystem, fact, groups, schema, rules, check)
         checked += scan.rows
         if scan.outside and not first_outside:
             first_outside = scan.first_outside
@@ -123,6 +135,36 @@ def check_value_columns(
             "(recorders often store actions before the environment clips them)"
         )
     return ValueFacts(check, checked, outside, warning)
+
+
+def check_read_values(
+    table: pa.Table, files: Sequence[str], filesystem: pafs.FileSystem, schema: EpisodeSchema
+) -> None:
+    """Refuse ``table`` (canonical columns read from ``files``) when a float column holds
+    NaN or inf, with the message a ``full`` validation of those files gives.
+
+    For the reads of a dataset whose validation did not scan every row
+    (``ValueFacts.every_row``): the float columns of ``table`` are checked in one vectorised
+    pass, and only when they hold a non-finite value are ``files`` scanned, in order, for the
+    file, the count and the first row to name.
+    """
+    floats = _rules(schema, None, "").floats
+    flagged = tuple(
+        c for c in floats if c in table.column_names and not _all_finite(table.column(c))
+    )
+    if not flagged:
+        return
+    rules = _Rules(flagged, None, None, None, "")
+    for path in files:
+        metadata = pq.read_metadata(path, filesystem=filesystem)
+        fact = FileFacts(path, metadata.num_rows, {}, row_groups=metadata.num_row_groups)
+        _check_file(filesystem, fact, list(range(fact.row_groups)), schema, rules, "full")
+    labels = ", ".join(column_label(c, schema.column_map) for c in flagged)
+    raise DatasetError(
+        f"{', '.join(files)}: {labels} held non-finite values (NaN or inf) when read for "
+        "training, but none when scanned again: the files changed while they were read; "
+        "expected the files that were validated. Fix: validate them again and rerun"
+    )
 
 
 def _rules(schema: EpisodeSchema, action_space: Space | None, space_file: str) -> _Rules:
@@ -149,7 +191,7 @@ class _FileScan:
 
 
 def _check_file(
-    resolved: ResolvedSource,
+    filesystem: pafs.FileSystem,
     fact: FileFacts,
     groups: list[int],
     schema: EpisodeSchema,
@@ -157,7 +199,7 @@ def _check_file(
     check: CheckValues,
 ) -> _FileScan:
     try:
-        with resolved.filesystem.open_input_file(fact.path) as handle:
+        with filesystem.open_input_file(fact.path) as handle:
             footer = pq.ParquetFile(handle)
             found, outside = _scan(footer, groups, schema, rules)
             rows = sum(footer.metadata.row_group(g).num_rows for g in groups)
@@ -227,14 +269,28 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
     """A number or tensor column as one flat numpy array, and its values per row."""
     parts, width = [], 1
     for chunk in column.chunks:
-        if isinstance(chunk, pa.ExtensionArray):
-            chunk = chunk.storage
-        if pa.types.is_fixed_size_list(chunk.type):
-            width = chunk.type.list_size
-            chunk = chunk.values.slice(chunk.offset * width, len(chunk) * width)
-        parts.append(chunk.to_numpy())
+        values, width = _chunk_values(chunk)
+        parts.append(values)
     flat = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return flat, width
+
+
+def _all_finite(column: pa.ChunkedArray) -> bool:
+    """Whether every value of a float number or tensor column is finite, chunk by chunk
+    (no copy of the column)."""
+    return all(np.isfinite(_chunk_values(chunk)[0]).all() for chunk in column.chunks)
+
+
+def _chunk_values(chunk: pa.Array) -> tuple[np.ndarray, int]:
+    """One chunk of a number or tensor column as a flat numpy array (a view where the
+    chunk has no nulls, as validated data has none), and its values per row."""
+    width = 1
+    if isinstance(chunk, pa.ExtensionArray):
+        chunk = chunk.storage
+    if pa.types.is_fixed_size_list(chunk.type):
+        width = chunk.type.list_size
+        chunk = chunk.values.slice(chunk.offset * width, len(chunk) * width)
+    return chunk.to_numpy(zero_copy_only=False), width
 
 
 def _non_finite_rows(flat: np.ndarray, width: int) -> np.ndarray:

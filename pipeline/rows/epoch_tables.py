@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.contract.value_checks import check_read_values
 from pipeline.io.parquet_files import file_sizes, group_files
 from pipeline.reads.episodes import Episodes
 from pipeline.rows.epoch_cache import FileTables, default_budget_bytes
@@ -39,7 +40,9 @@ _STREAM_TASK_BYTES = 16 << 20
 class BlockEpochs:
     """The ``columns`` of ``episodes`` (rows of ``modules`` only, when given), read once
     into Ray's object store; epoch ``e`` chains its blocks in an order drawn from
-    ``seed + e``, running no task."""
+    ``seed + e``, running no task. When validation did not scan every row's values, the
+    blocks are checked for NaN and inf once, as they are read
+    (``pipeline.contract.value_checks.check_read_values``)."""
 
     def __init__(
         self,
@@ -61,6 +64,10 @@ class BlockEpochs:
             dataset = dataset.filter(expr=col("module_id").is_in(sorted(modules)))
         self._bundles = list(ref_bundles(dataset.materialize()))
         self._seed = seed
+        if not episodes.values.every_row:
+            for bundle in self._bundles:
+                for table in bundle_blocks(bundle):
+                    check_read_values(table, episodes.files, episodes.filesystem, episodes.schema)
 
     def tables(self, epoch: int) -> Iterator[pa.Table]:
         order = np.random.default_rng(self._seed + epoch).permutation(len(self._bundles))

@@ -10,7 +10,9 @@ files, their sizes and row counts, and needs no planning: each group of files
 yields blocks of at most the stream's block size as a streaming generator, so blocks
 reach the consumer as they are read. A task yields at most ``AHEAD_BLOCKS`` blocks that
 the consumer has not taken yet: a file far larger than a window waits for its consumer
-instead of filling the object store.
+instead of filling the object store. When validation did not scan every row's values
+(``check_values`` ``sample`` or ``off``), each task checks the blocks it reads for NaN and inf
+(``pipeline.contract.value_checks.check_read_values``), so the error names the file.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.contract.value_checks import check_read_values
 from pipeline.io.parquet_files import group_files, read_blocks
 from pipeline.reads.episodes import DatasetInfo, canonical_table
 
@@ -47,7 +50,7 @@ def read_window(
 
     on_disk = [info.schema.column_map.get(name, name) for name in columns]
     # Only what canonical_table needs travels with every task, not every file's name.
-    facts = _Canonical(info.schema, info.needs_normalising)
+    facts = _Canonical(info.schema, info.needs_normalising, not info.values.every_row)
     read = with_backpressure(_remote_read_group(), AHEAD_BLOCKS)
     generators = []
     try:
@@ -83,11 +86,13 @@ def _remote_read_group() -> Any:
 
 
 class _Canonical:
-    """The parts of a ``DatasetInfo`` that ``canonical_table`` reads."""
+    """The parts of a ``DatasetInfo`` that ``canonical_table`` reads, and whether the values
+    read must be checked."""
 
-    def __init__(self, schema: Any, needs_normalising: bool) -> None:
+    def __init__(self, schema: Any, needs_normalising: bool, check_values: bool) -> None:
         self.schema = schema
         self.needs_normalising = needs_normalising
+        self.check_values = check_values
 
 
 def _read_group(
@@ -100,4 +105,7 @@ def _read_group(
     block_bytes: int,
 ) -> Iterator[pa.Table]:
     for block in read_blocks(files, sizes, filesystem, on_disk, block_bytes):
-        yield canonical_table(facts, block).select(list(columns))  # type: ignore[arg-type]
+        table = canonical_table(facts, block).select(list(columns))  # type: ignore[arg-type]
+        if facts.check_values:
+            check_read_values(table, files, filesystem, facts.schema)
+        yield table

@@ -27,6 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.contract.schema import DatasetError
+
 _JOIN_S = 5.0
 
 Window = Any
@@ -207,6 +209,14 @@ def bundle_blocks(bundle: Any) -> Iterator[pa.Table]:
     from pipeline.ray_compat import bundle_tables
 
     if isinstance(bundle, ray.ObjectRef):
-        yield ray.get(bundle)
+        try:
+            block = ray.get(bundle)
+        except ray.exceptions.RayTaskError as error:
+            # A read task refused the data (a file changed or broken since validation, a
+            # NaN it found): the refusal is the message, not the task's traceback.
+            if isinstance(error.cause, DatasetError):
+                raise error.cause from None
+            raise
+        yield block
         return
     yield from bundle_tables(bundle)

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.contract.schema import DatasetError
+from pipeline.contract.value_checks import check_read_values
 from pipeline.reads.episodes import DatasetInfo, Episodes, canonical_table
 from pipeline.reads.returns import split_derived
 from pipeline.streams.selection import check_modules, resolve_columns
@@ -69,6 +70,11 @@ def task_samples(
     planned from ``seed + e``. With ``gamma`` the samples also carry the columns derived
     at ingest (``returns``, ``returns_truncated``; see ``pipeline.reads.returns``), computed per
     whole episode in memory and per window when streaming (a window holds whole tasks).
+
+    When validation did not scan every row's values (``check_values`` ``sample`` or
+    ``off``), the rows read are refused if a float column holds NaN or inf
+    (``pipeline.contract.value_checks.check_read_values``): in memory once, streamed once per
+    window.
     """
     reader = _read_sorted if isinstance(episodes, Episodes) else None
     return _sampled(
@@ -142,6 +148,8 @@ def _sampled(
             "inspect_episodes(...), or stream them (mode='stream' with memory_budget_mb)"
         )
     table = reader(episodes, read, modules)
+    if not episodes.values.every_row:
+        check_read_values(table, episodes.files, episodes.filesystem, episodes.schema)
     if table.num_rows == 0:
         raise DatasetError(no_rows_message(modules))
     groups = group_rows(table)
