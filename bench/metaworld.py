@@ -65,10 +65,14 @@ def ensure_data(data: Path, skills: list[str]) -> float:
 
 def behaviour_stats(heldout: Path) -> dict[str, float]:
     """Success (any step, last step) and return of the held-out data's episodes."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    table = pq.read_table(heldout, columns=["eps_id", "t", "rewards", "success", "truncateds"])
+    columns = ["eps_id", "t", "rewards", "success", "truncateds"]
+    table = pa.concat_tables(
+        pq.read_table(path, columns=columns) for path in sorted(heldout.glob("*.parquet"))
+    )
     episodes = table.column("eps_id").to_numpy()
     order = np.lexsort((table.column("t").to_numpy(), episodes))
     episodes, success = episodes[order], table.column("success").to_numpy()[order]
