@@ -8,10 +8,12 @@ round), the target, and whether the latest run met it and how many runs did. The
 the rows of the ``HEADLINES`` figures that have records, each the row of its figure whose latest
 run is the newest.
 
-    .venv/bin/python bench/readme_table.py           # rewrite both
-    .venv/bin/python bench/readme_table.py --check   # exit 1 when either is out of date
+    .venv/bin/python bench/readme_table.py           # rewrite all three
+    .venv/bin/python bench/readme_table.py --check   # exit 1 when one is out of date
 
-The table sits between the lines ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` of
+The Meta-World results of docs/metaworld.md (``bench/metaworld.py``'s runs) sit between
+``<!-- bench:metaworld:begin -->`` and ``<!-- bench:metaworld:end -->``. The table sits between
+the lines ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` of
 docs/performance.md, the headline figures between ``<!-- bench:headline:begin -->`` and
 ``<!-- bench:headline:end -->`` of README.md.
 """
@@ -30,10 +32,14 @@ from typing import Any, NamedTuple
 # `learners` package; the repository root must come first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.metaworld import render_results as render_metaworld
 from bench.records import RESULTS, ROOT, read_records
 
 README = ROOT / "README.md"
 PERFORMANCE = ROOT / "docs" / "performance.md"
+METAWORLD = ROOT / "docs" / "metaworld.md"
+METAWORLD_BEGIN = "<!-- bench:metaworld:begin -->"
+METAWORLD_END = "<!-- bench:metaworld:end -->"
 BEGIN = "<!-- bench:begin -->"
 END = "<!-- bench:end -->"
 HEADLINE_BEGIN = "<!-- bench:headline:begin -->"
@@ -231,11 +237,29 @@ def render_readme(text: str, headlines: str) -> str:
     )
 
 
-def _pages(performance: Path, readme: Path, results: Path) -> dict[Path, tuple[str, str]]:
+def _pages(
+    performance: Path, readme: Path, results: Path, metaworld: Path = METAWORLD
+) -> dict[Path, tuple[str, str]]:
     """Each generated page: its current text and the text the records give."""
-    rows = figure_rows(read_records(results))
-    current = {performance: performance.read_text(), readme: readme.read_text()}
+    records = read_records(results)
+    rows = figure_rows(records)
+    current = {
+        performance: performance.read_text(),
+        readme: readme.read_text(),
+        metaworld: metaworld.read_text(),
+    }
     return {
+        metaworld: (
+            current[metaworld],
+            render_between(
+                current[metaworld],
+                render_metaworld(records),
+                name="docs/metaworld.md",
+                begin=METAWORLD_BEGIN,
+                end=METAWORLD_END,
+                what="the Meta-World results",
+            ),
+        ),
         performance: (
             current[performance],
             render_performance(current[performance], render_table(rows)),

@@ -67,7 +67,9 @@ def prefect_harness() -> Iterator[None]:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    # Under load (CI shares its 2 cores with nothing, a developer machine may not) the
+    # server can take over a minute to start: its startup is not what the tests measure.
+    with prefect_test_harness(server_startup_timeout=180):
         # In the environment too, as a user's PREFECT_API_URL would be: `offmeta run` then
         # checks this server instead of starting a temporary one of its own.
         before = os.environ.get("PREFECT_API_URL")

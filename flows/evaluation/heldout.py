@@ -65,6 +65,8 @@ class EvaluationReport:
     success: dict[str, float] | None = None
     """Each rolled-out policy's share of successful episodes (``info["success"]`` or
     ``info["is_success"]`` at any step); None when the environment reports neither."""
+    success_final: dict[str, float] | None = None
+    """Each rolled-out policy's share of episodes that reported success at their last step."""
     episode_length: dict[str, float] | None = None
     """Each rolled-out policy's mean episode length in steps."""
     trajectories: dict[str, Any] | None = field(default=None, repr=False)
@@ -81,6 +83,8 @@ class EvaluationReport:
                 flat[f"heldout_return_stderr_{policy}"] = error
         for policy, rate in (self.success or {}).items():
             flat[f"heldout_success_{policy}"] = rate
+        for policy, rate in (self.success_final or {}).items():
+            flat[f"heldout_success_final_{policy}"] = rate
         for policy, length in (self.episode_length or {}).items():
             flat[f"heldout_episode_length_{policy}"] = length
         return flat
@@ -108,6 +112,7 @@ class EvaluationReport:
                 )
         for measure, values, digits in (
             ("success rate", self.success, ".2f"),
+            ("final-step success rate", self.success_final, ".2f"),
             ("episode length", self.episode_length, ".4g"),
         ):
             for policy, value in (values or {}).items():
@@ -232,6 +237,7 @@ def _rollout_fields(
     returns = {policy: s.mean_return for policy, s in stats.items()}
     returns["behavior"] = _behavior_return(rewards, heldout.num_episodes)
     success = {p: s.success_rate for p, s in stats.items() if s.success_rate is not None}
+    final = {p: s.final_success_rate for p, s in stats.items() if s.final_success_rate is not None}
     return {
         "returns": returns,
         "environment": envs.name,
@@ -239,6 +245,7 @@ def _rollout_fields(
         "rollout_adapt_steps": settings.rollout_adapt_steps,
         "return_stderr": {policy: s.return_stderr for policy, s in stats.items()},
         "success": success or None,
+        "success_final": final or None,
         "episode_length": {policy: s.mean_length for policy, s in stats.items()},
         "trajectories": trajectories_of(rollouts, settings, heldout),
     }

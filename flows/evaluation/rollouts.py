@@ -53,6 +53,9 @@ class RolloutResult(NamedTuple):
     successes: np.ndarray | None
     """``[N]`` bool: ``info["success"]`` (or ``"is_success"``) true at any step; None when no
     environment reported either."""
+    final_successes: np.ndarray | None
+    """``[N]`` bool: the success reported after the episode's last step (a manipulation that
+    must still hold at the end); None when ``successes`` is."""
     positions: list[np.ndarray] | None
     """Per episode ``[steps + 1, 2]``: ``info["position"]`` at reset and after each step;
     None unless every environment reports one."""
@@ -78,6 +81,7 @@ def roll_out(
     returns = np.zeros(n)
     lengths = np.zeros(n, dtype=np.int64)
     successes = np.zeros(n, dtype=bool)
+    final_successes = np.zeros(n, dtype=bool)
     reported = False
     tracked = all("position" in info for info in infos)
     positions = [[np.asarray(info["position"])] for info in infos] if tracked else None
@@ -95,6 +99,7 @@ def roll_out(
             if success is not None:
                 reported = True
                 successes[row] |= bool(success)
+                final_successes[row] = bool(success)
             if positions is not None:
                 positions[row].append(np.asarray(infos[row]["position"]))
             running[row] = not (terminated or truncated)
@@ -102,6 +107,7 @@ def roll_out(
         returns=returns,
         lengths=lengths,
         successes=successes if reported else None,
+        final_successes=final_successes if reported else None,
         positions=None if positions is None else [np.stack(p) for p in positions],
         goals=np.stack([info["goal"] for info in infos_at_reset])
         if all("goal" in info for info in infos_at_reset)

@@ -41,7 +41,10 @@ class PolicyStats:
     return_stderr: float | None
     """Standard error of the per-task mean returns (None with one task)."""
     success_rate: float | None
-    """Share of episodes that succeeded; None when the environment reports no success."""
+    """Share of episodes that succeeded at any step; None when the environment reports no
+    success."""
+    final_success_rate: float | None
+    """Share of episodes whose last step reported success."""
     mean_length: float
     task_returns: list[float]
     """Each task's mean return, in the evaluated task order."""
@@ -141,6 +144,9 @@ def _stats(result: RolloutResult, tasks: int) -> PolicyStats:
         mean_return=float(result.returns.mean()),
         return_stderr=_standard_error(per_task),
         success_rate=None if result.successes is None else float(result.successes.mean()),
+        final_success_rate=None
+        if result.final_successes is None
+        else float(result.final_successes.mean()),
         mean_length=float(result.lengths.mean()),
         task_returns=per_task.tolist(),
     )

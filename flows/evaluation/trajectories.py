@@ -109,7 +109,12 @@ def _spread_goals(goals: Sequence[Sequence[float]]) -> list[int]:
 
 
 def _has_behavior(heldout: Episodes) -> bool:
-    return BEHAVIOR_COLUMN in heldout.schema.extra_columns and heldout.schema.has_task_id
+    """Whether recorded episodes can be drawn: labelled by behaviour, and observations that
+    are the 2-D position the rollout paths show (the point robot's)."""
+    schema = heldout.schema
+    return (
+        BEHAVIOR_COLUMN in schema.extra_columns and schema.has_task_id and schema.obs_shape == (2,)
+    )
 
 
 def _behavior_episodes(heldout: Episodes, task_ids: Sequence[str]) -> dict[str, list[dict]]:

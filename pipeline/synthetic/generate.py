@@ -123,8 +123,27 @@ def _write_split(
     rows_per_file: int,
     progress: Callable[[str], None] | None,
 ) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
     params = family.sample_tasks(rng, n_tasks)
+    return write_tasks(family, directory, split, params, rng, arguments, rows_per_file, progress)
+
+
+def write_tasks(
+    family: TaskFamily,
+    directory: Path,
+    split: str,
+    params: list[dict[str, Any]],
+    rng: np.random.Generator,
+    arguments: dict[str, Any],
+    rows_per_file: int = ROWS_PER_FILE,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Write one split of ``family`` for tasks already chosen (``params``, one per task,
+    recorded in ``dataset.json``); ``arguments`` are the generator's, as recorded there.
+
+    Columns ``family.episodes`` returns beyond the canonical ones pass through after them.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    n_tasks = len(params)
     width = max(5, len(str(n_tasks - 1)))
     task_ids = [f"{split}-{i:0{width}d}" for i in range(n_tasks)]
     tasks_per_file = max(1, rows_per_file // family.rows_per_task)
@@ -165,9 +184,8 @@ def _canonical_table(
     columns: dict[str, np.ndarray], task_ids: list[str], rows_per_task: int
 ) -> pa.Table:
     arrays: dict[str, pa.Array] = {}
-    for name in _COLUMN_ORDER:
-        if name not in columns:
-            continue
+    extra = [name for name in columns if name not in _COLUMN_ORDER]
+    for name in [*(n for n in _COLUMN_ORDER if n in columns), *extra]:
         values = columns[name]
         if name in _TENSOR_COLUMNS and values.dtype in (np.float32, np.uint8):
             arrays[name] = pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))

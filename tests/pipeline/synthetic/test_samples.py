@@ -15,8 +15,9 @@ _RUN_ARGUMENTS = ("tasks", "heldout_tasks", "seed", "rows_per_file")
 
 
 def test_samples_fit_the_size_budget():
+    # 5 MiB for offmeta's own families and the real-tool recordings, 1 MiB for Meta-World's.
     total = sum(f.stat().st_size for f in SAMPLES.rglob("*") if f.is_file())
-    assert total <= 5 * 1024 * 1024
+    assert total <= 6 * 1024 * 1024
 
 
 @pytest.mark.parametrize("name", NAMES)

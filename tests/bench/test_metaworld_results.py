@@ -1,0 +1,82 @@
+"""docs/metaworld.md's results table (bench/metaworld.py ``render_results``): per skill the
+behaviour data, the expert and each algorithm's unadapted and adapted policy, mean ± s.e. over
+the latest run of each seed, runs of another shape left out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bench.metaworld import behaviour_stats, render_results
+from bench.records import read_records, write_record
+
+SHAPE = {
+    "skill": "reach-v3",
+    "algorithm": "maml",
+    "iterations": 2000,
+    "train_goals": 40,
+    "heldout_goals": 10,
+    "episodes_per_goal": 12,
+    "support": 20,
+    "query": 20,
+    "meta_batch": 10,
+}
+
+
+def _run(directory: Path, seed: int, adapted: float, **shape: object) -> None:
+    details = {
+        f"{measure}_{policy}": value
+        for policy, value in (("unadapted", 0.1), ("adapted", adapted), ("expert", 1.0))
+        for measure in ("success", "success_final", "return")
+    }
+    details |= {"behaviour": {"success": 0.5, "success_final": 0.25, "return": 1234.0}}
+    write_record(
+        "metaworld",
+        f"run-reach-maml-seed{seed}",
+        "a run",
+        adapted,
+        "success rate",
+        shape={**SHAPE, **shape, "seed": seed},
+        details={**details, "wall_s": 100.0 + seed},
+        directory=directory,
+    )
+
+
+def test_the_table_sums_up_the_latest_runs_of_the_newest_shape(tmp_path: Path) -> None:
+    _run(tmp_path, 0, 0.2, iterations=10)  # another shape: left out
+    for seed, adapted in enumerate([0.6, 0.8, 1.0]):
+        _run(tmp_path, seed, adapted)
+    lines = render_results(read_records(tmp_path)).splitlines()
+    errors = np.std([0.6, 0.8, 1.0], ddof=1) / np.sqrt(3)
+    assert lines[2] == "| reach-v3 | behaviour data (held-out goals) | 0.50 | 0.25 | 1234 | | |"
+    assert lines[3].startswith("| reach-v3 | scripted expert | 1.00 ± 0.00 | 1.00 ± 0.00 |")
+    assert lines[5] == (
+        f"| reach-v3 | MAML cloning, adapted | 0.80 ± {errors:.2f} | 0.80 ± {errors:.2f} | "
+        f"1 ± 0 | 3 | 101 s |"
+    )
+    assert "2000 meta-iterations" in lines[7]
+
+
+def test_no_records_say_how_to_make_them(tmp_path: Path) -> None:
+    assert render_results(read_records(tmp_path)) == "No records yet: run `bench/metaworld.py`."
+
+
+def test_behaviour_stats_count_each_episode_once(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.table(
+            {
+                "eps_id": [1, 1, 0, 0],
+                "t": [1, 0, 1, 0],
+                "rewards": [1.0, 2.0, 3.0, 4.0],
+                "success": [False, True, True, False],
+                "truncateds": [True, False, True, False],
+            }
+        ),
+        tmp_path / "part-00000.parquet",
+    )
+    (tmp_path / "dataset.json").write_text("{}")  # beside the files, as in every dataset
+    assert behaviour_stats(tmp_path) == {"success": 1.0, "success_final": 0.5, "return": 5.0}

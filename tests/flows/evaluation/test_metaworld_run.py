@@ -1,0 +1,68 @@
+"""Meta-World ML1 through ``offmeta run``: MACAW on the committed push sample for a few
+iterations, rolled out in the simulator for a few steps (the smoke test of docs/metaworld.md;
+bench/metaworld.py trains on the full sets)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from flows.config import load_config
+from pipeline.artifacts import ArtifactStore
+from tests.helpers.paths import REPO
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # metaworld's policy gains
+
+CONFIGS = REPO / "flows" / "configs"
+POLICIES = ("unadapted", "adapted", "expert")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["metaworld_reach", "metaworld_reach_macaw", "metaworld_push", "metaworld_push_macaw"],
+)
+def test_the_metaworld_configs_validate(name: str) -> None:
+    cfg = load_config(CONFIGS / f"{name}.yaml")
+    assert cfg.evaluation.env == "pipeline.benchmarks.metaworld_env:ml1_env"
+    assert (REPO / cfg.data.train).is_dir() and (REPO / cfg.data.heldout).is_dir()
+
+
+@pytest.mark.usefixtures("prefect_harness", "ray_session")
+def test_macaw_on_the_push_sample_trains_rolls_out_and_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    overrides = [
+        "training.iterations=4",
+        "training.log_every=2",
+        "training.checkpoint_every=4",
+        f"training.checkpoint_dir={tmp_path / 'runs'}",
+        f"artifacts.root={tmp_path / 'artifacts'}",
+        "evaluation.max_episode_steps=15",
+        "learners.modules.default_policy.model.hidden_sizes=[16]",
+        "learners.modules.value.model.hidden_sizes=[16]",
+    ]
+    argv = ["run", "--config", str(CONFIGS / "metaworld_push_macaw.yaml")]
+    for override in overrides:
+        argv += ["--set", override]
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = main(argv)
+    assert status == 0, stdout.getvalue()
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    manifest = store.get("metaworld-push-macaw:1")
+    evaluation = json.loads(store.read_file(manifest, "evaluation.json"))
+    assert evaluation["environment"] == "pipeline.benchmarks.metaworld_env:ml1_env"
+    metrics = manifest.metrics
+    for policy in POLICIES:
+        assert metrics[f"heldout_episode_length_{policy}"] == 15
+        for name in (f"heldout_success_{policy}", f"heldout_success_final_{policy}"):
+            assert 0.0 <= metrics[name] <= 1.0
+        assert metrics[f"heldout_success_final_{policy}"] <= metrics[f"heldout_success_{policy}"]
+    assert "final-step success rate, adapted (1 step)" in stdout.getvalue()
