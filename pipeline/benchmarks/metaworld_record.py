@@ -40,7 +40,7 @@ from pipeline.benchmarks.metaworld_tasks import (
     ml1_goals,
 )
 from pipeline.contract.dataset_json import Space
-from pipeline.synthetic.generate import ROWS_PER_FILE, SPLITS, write_tasks
+from pipeline.synthetic.generate import ROWS_PER_FILE, SPLITS, refuse_written_splits, write_tasks
 from pipeline.synthetic.point_robot_episodes import BEHAVIOR_COLUMN
 
 RANDOM = "random"
@@ -195,13 +195,7 @@ def record(
     """Write ``OUT/train`` (ML1's first ``train_goals`` train goals) and ``OUT/heldout``
     (its first ``heldout_goals`` test goals); refuses a split directory that holds files."""
     out = Path(out)
-    for split in SPLITS:
-        directory = out / split
-        if directory.exists() and any(directory.iterdir()):
-            raise ValueError(
-                f"{directory} already holds files; expected a new or empty directory "
-                "(delete it to regenerate)"
-            )
+    refuse_written_splits(out)
     goals = ml1_goals(family.env, train_goals, heldout_goals, seed=seed)
     arguments = {
         **{k: v for k, v in asdict(family).items() if k not in ("behaviors_cycle", "progress")},

@@ -89,13 +89,7 @@ def generate(
     if rows_per_file < 1:
         raise ValueError(f"rows_per_file must be at least 1, got {rows_per_file}")
     out = Path(out)
-    for split in SPLITS:
-        directory = out / split
-        if directory.exists() and any(directory.iterdir()):
-            raise ValueError(
-                f"{directory} already holds files; expected a new or empty directory "
-                "(delete it to regenerate)"
-            )
+    refuse_written_splits(out)
     arguments = {
         **asdict(family),  # type: ignore[call-overload]
         "tasks": counts["train"],
@@ -111,6 +105,17 @@ def generate(
             family, out / split, split, counts[split], rng, arguments, rows_per_file, progress
         )
     return written
+
+
+def refuse_written_splits(out: Path) -> None:
+    """``ValueError`` (nothing written) when a split directory under ``out`` holds files."""
+    for split in SPLITS:
+        directory = out / split
+        if directory.exists() and any(directory.iterdir()):
+            raise ValueError(
+                f"{directory} already holds files; expected a new or empty directory "
+                "(delete it to regenerate)"
+            )
 
 
 def _write_split(
