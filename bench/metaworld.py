@@ -322,7 +322,7 @@ def render_results(records: list[dict[str, Any]]) -> str:
         latest[(record["shape"]["skill"], record["shape"]["algorithm"])] = record
     lines = [
         "| skill | policy | success, any step | success, last step | return | seeds | "
-        "wall per run |",
+        "wall per run (stages) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for skill in sorted({skill for skill, _ in latest}, key=lambda s: s.startswith("push")):
@@ -379,6 +379,21 @@ def _row(skill: str, label: str, runs: list[dict[str, Any]], policy: str, *, wal
         digits = ".0f" if key.startswith("return") else ".2f"
         cells.append(f"{mean:{digits}} ± {error:{digits}}")
     cells.append(str(len(runs)))
-    seconds = np.mean([r["details"]["wall_s"] for r in runs])
-    cells.append(f"{seconds:.0f} s" if wall else "")
+    if wall:
+        seconds = {
+            stage: np.mean([_stage_seconds(r["details"]["stages"], stage) for r in runs])
+            for stage in ("train", "evaluate")
+        }
+        total = np.mean([r["details"]["wall_s"] for r in runs])
+        cells.append(
+            f"{total:.0f} s (train {seconds['train']:.0f}, evaluate {seconds['evaluate']:.0f})"
+        )
+    else:
+        cells.append("")
     return "| " + " | ".join(cells) + " |"
+
+
+def _stage_seconds(took: str | None, stage: str) -> float:
+    """Seconds of ``stage`` in a run's ``took ...`` line (nan when the line lacks it)."""
+    found = re.search(rf"\b{stage} ([0-9.]+) s", took or "")
+    return float(found.group(1)) if found else math.nan
