@@ -59,6 +59,8 @@ def test_offmeta_run_reports_returns_and_success_in_the_user_s_env(tmp_path: Pat
         assert metrics[f"heldout_return_{policy}"] == evaluation["returns"][policy]
         assert metrics[f"heldout_success_{policy}"] == evaluation["success"][policy]
         assert 0.0 <= metrics[f"heldout_success_{policy}"] <= 1.0
+        final = metrics[f"heldout_success_final_{policy}"]
+        assert final == evaluation["success_final"][policy] <= evaluation["success"][policy]
         assert metrics[f"heldout_return_stderr_{policy}"] == evaluation["return_stderr"][policy]
         assert metrics[f"heldout_episode_length_{policy}"] == STEPS
     assert metrics["heldout_return_behavior"] == evaluation["returns"]["behavior"]
@@ -70,13 +72,15 @@ def test_offmeta_run_reports_returns_and_success_in_the_user_s_env(tmp_path: Pat
         "held-out evaluation: 4 tasks, K=5 support / Q=5 query transitions, "
         "3 tests.helpers.line_world:line_env episodes per task"
     )
-    measures = [line.split("  ")[0] for line in lines[7:14]]
+    measures = [line.split("  ")[0] for line in lines[7:16]]
     assert measures == [
         "return, unadapted",
         "return, adapted (2 steps)",
         "return, behavior data",
         "success rate, unadapted",
         "success rate, adapted (2 steps)",
+        "final-step success rate, unadapted",
+        "final-step success rate, adapted (2 steps)",
         "episode length, unadapted",
         "episode length, adapted (2 steps)",
     ]
