@@ -151,7 +151,7 @@ class ML1Episodes:
                     if behavior == RANDOM:
                         a = rng.uniform(-1.0, 1.0, ACTION_DIM).astype(np.float32)
                     else:
-                        sd = float(behavior.removeprefix("noise_"))
+                        sd = self.noise[self.behaviors_cycle.index(behavior)]
                         a = expert_action(expert, o, goal) + rng.normal(0.0, sd, ACTION_DIM)
                         a = np.clip(a, -1.0, 1.0).astype(np.float32)
                     o2, r, _, truncated, info = env.step(a)
