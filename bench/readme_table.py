@@ -269,11 +269,14 @@ def _pages(
 
 
 def check_pages(
-    performance: Path = PERFORMANCE, readme: Path = README, results: Path = RESULTS
+    performance: Path = PERFORMANCE,
+    readme: Path = README,
+    results: Path = RESULTS,
+    metaworld: Path = METAWORLD,
 ) -> str | None:
-    """None when both pages show what the records give, else the differences."""
+    """None when every page shows what the records give, else the differences."""
     differences = []
-    for page, (current, wanted) in _pages(performance, readme, results).items():
+    for page, (current, wanted) in _pages(performance, readme, results, metaworld).items():
         if current != wanted:
             diff = difflib.unified_diff(
                 current.splitlines(),
@@ -295,15 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--performance", type=Path, default=PERFORMANCE)
     parser.add_argument("--readme", type=Path, default=README)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--metaworld", type=Path, default=METAWORLD)
     args = parser.parse_args(argv)
     if args.check:
-        difference = check_pages(args.performance, args.readme, args.results)
+        difference = check_pages(args.performance, args.readme, args.results, args.metaworld)
         if difference is not None:
             print(difference, file=sys.stderr)
             return 1
         print(f"{args.performance} and {args.readme} match the records in {args.results}")
         return 0
-    pages = _pages(args.performance, args.readme, args.results)
+    pages = _pages(args.performance, args.readme, args.results, args.metaworld)
     for page, (_, wanted) in pages.items():
         page.write_text(wanted)
     rows = figure_rows(read_records(args.results))

@@ -22,6 +22,8 @@ from bench.readme_table import (
     END,
     HEADLINE_BEGIN,
     HEADLINE_END,
+    METAWORLD_BEGIN,
+    METAWORLD_END,
     Headline,
     check_pages,
     figure_rows,
@@ -233,13 +235,17 @@ def test_the_table_is_regenerated_between_the_markers_and_checked(tmp_path, caps
     )
     page = _performance(tmp_path, "| typed by hand | 0.99 |")
     readme = _readme(tmp_path, "| typed by hand | 0.99 |")
+    metaworld = tmp_path / "metaworld.md"
+    metaworld.write_text(f"# ML1\n\n{METAWORLD_BEGIN}\n{METAWORLD_END}\n")
     arguments = ["--performance", str(page), "--readme", str(readme), "--results", str(results)]
+    arguments += ["--metaworld", str(metaworld)]
     assert main(["--check", *arguments]) == 1
     error = capsys.readouterr().err
     assert f"{page} differs from the records" in error
     assert f"{readme} differs from the records" in error
     assert main(arguments) == 0
     assert main(["--check", *arguments]) == 0
+    assert "No records yet" in metaworld.read_text()  # no metaworld records in results
     assert readme.read_text() == (
         f"# demo\n\n{HEADLINE_BEGIN}\n"
         "| figure | latest (date) | range (runs) | target | met (runs met) | shape |\n"
