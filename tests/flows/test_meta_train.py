@@ -77,11 +77,11 @@ def one_failure(monkeypatch: pytest.MonkeyPatch) -> OneFailure:
     failure = OneFailure()
     step = MetaLearner.step
 
-    def failing_step(self: MetaLearner, meta_batch: dict) -> dict:
+    def failing_step(self: MetaLearner, meta_batch: dict, **options: bool) -> dict:
         if failure.at == self.weights_seq_no + 1 and failure.failures == 0:
             failure.failures += 1
             raise RuntimeError(f"injected failure of meta-step {failure.at}")
-        return step(self, meta_batch)
+        return step(self, meta_batch, **options)
 
     monkeypatch.setattr(MetaLearner, "step", failing_step)
     return failure
