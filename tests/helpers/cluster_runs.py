@@ -5,7 +5,6 @@ driver once the first checkpoint is in S3."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -15,8 +14,8 @@ from typing import NamedTuple
 import boto3
 
 from tests.helpers.flow_runs import tiny_document, write_config
+from tests.helpers.offmeta_process import offmeta
 from tests.helpers.ray_cluster import RayCluster
-from tests.helpers.s3_server import OFFMETA
 
 ITERATIONS, CHECKPOINT_EVERY = 120, 30
 _SNAPSHOT = "ray/train/checkpoint_manager_snapshot.json"
@@ -54,22 +53,11 @@ def offmeta_on_cluster(
 ) -> subprocess.Popen[str]:
     """``offmeta run`` of the tiny config with ``cluster_settings`` in ``work``; output
     (stdout and stderr) as text, in a process group of its own."""
-    from prefect.settings import PREFECT_API_URL
-
     config = write_config(work / "run.yaml", tiny_document(Path("unused"), work))
-    argv = [*OFFMETA, "run", "--config", str(config)]
-    for setting in cluster_settings(cluster, data, settings):
-        argv += ["--set", setting]
-    env = dict(os.environ, **cluster.environment, PREFECT_API_URL=PREFECT_API_URL.value())
-    return subprocess.Popen(
-        [*argv, *extra],
-        cwd=work,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    sets = [
+        arg for setting in cluster_settings(cluster, data, settings) for arg in ("--set", setting)
+    ]
+    return offmeta(work, config, *sets, *extra, environment=cluster.environment)
 
 
 def keys(runs_root: str) -> list[str]:

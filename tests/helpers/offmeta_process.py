@@ -7,19 +7,23 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from tests.helpers.paths import REPO
 
 
-def offmeta(work: Path, config: Path, *extra: str) -> subprocess.Popen:
+def offmeta(
+    work: Path, config: Path, *extra: str, environment: Mapping[str, str] | None = None
+) -> subprocess.Popen:
     """``offmeta run --config config *extra`` in ``work``, recording on the test's Prefect
     server, in a process group of its own (so that what it started can be cleaned up after
-    a kill)."""
+    a kill); ``environment`` adds to the process's variables (a cluster's, say)."""
     from prefect.settings import PREFECT_API_URL
 
     env = {
         **os.environ,
+        **(environment or {}),
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         "PREFECT_API_URL": PREFECT_API_URL.value(),
     }
