@@ -7,7 +7,8 @@ start-up. ``run`` also checks both datasets against each other and the config
 and builds the networks of ``model.factory`` and ``model.encoder: conv`` once
 before it starts Ray or the flow. Without an API URL the run records to a temporary Prefect
 server, which boots in its own process while those checks run
-(``flows.process.prefect_server``); with ``PREFECT_API_URL`` set, that server must answer
+(``flows.process.prefect_server``), and Ray starts on another thread once they have passed
+(``flows.process.runtime.RayStart``); with ``PREFECT_API_URL`` set, that server must answer
 (``flows.process.prefect_api``) before anything else happens. The run ends with the
 seconds each stage took (``flows.stages.timings``).
 
@@ -30,7 +31,7 @@ from flows.config import ConfigError, MetaTrainConfig, load_config
 from flows.process.console import permanent_failures_in_one_line
 from flows.process.prefect_api import PrefectApiError, check_api_answers, prefect_api_url
 from flows.process.prefect_server import PrefectApi
-from flows.process.runtime import ray_session, set_quiet_environment
+from flows.process.runtime import RayStart, set_quiet_environment
 from flows.runs.run_dirs import RunDirError, check_resumable, find_resumable, read_run
 
 if TYPE_CHECKING:
@@ -118,19 +119,21 @@ def _run_when_ready(
 ) -> int:
     if not _data_fits(cfg) or not _networks_build(cfg):
         return 1
-    try:
-        prefect.resolve()
-    except PrefectApiError as error:
-        print(f"offmeta run: {error}", file=sys.stderr)
-        return 1
-    from flows.meta_train import meta_train
+    # Ray starts on another thread while this one imports Prefect and the flow.
+    with RayStart(cfg.ray) as ray_start:
+        try:
+            prefect.resolve()
+        except PrefectApiError as error:
+            print(f"offmeta run: {error}", file=sys.stderr)
+            return 1
+        from flows.meta_train import meta_train
 
-    with ray_session(cfg.ray):
         try:
             prefect.wait()
         except PrefectApiError as error:
             print(f"offmeta run: {error}", file=sys.stderr)
             return 1
+        ray_start.wait()
         before_flow = time.perf_counter() - began
         try:
             with permanent_failures_in_one_line():

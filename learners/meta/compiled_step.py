@@ -43,7 +43,7 @@ _log = logging.getLogger(__name__)
 _ARGUMENTS = ("state", "support", "query")
 _ROOT = re.compile(r"(?:L\[['\"])?(\w*)")
 
-Aux = dict[str, dict[str, Tensor]]
+Aux = dict[str, Tensor]
 StepMetrics = dict[str, Tensor | int]
 MetaStep = Callable[[OuterState, Batch, Batch], tuple[OuterState, StepMetrics]]
 

@@ -57,14 +57,14 @@ _REDUCE = {
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _RUN_SETTINGS = ("compile", "float32_matmul")
 """Config fields a saved state may differ in: how the step runs, not what it optimises."""
-# What each task reports per module, by name (`_task_objective`): its losses, then the count
-# of its non-finite inner steps.
+# What each task reports per module (`_task_objective`), as the columns of one tensor: its
+# losses, then the count of its non-finite inner steps, or under inner.nonfinite='error' with
+# vmap the sum of squares of its adapted parameters (infinite or NaN: a non-finite step).
 _LOSSES = ("query_loss", "support_loss_before", "support_loss_after")
 _AUX = (*_LOSSES, "nonfinite")
 _AFTER = "support_loss_after"
 """The one metric that costs a forward pass of its own (`step(support_loss_after=False)`)."""
-_ADAPTED = "adapted"
-"""The aux entry of a module's adapted parameters, checked after the vmapped call."""
+_NONFINITE = _AUX.index("nonfinite")
 
 
 class MetaGradients(NamedTuple):
@@ -128,8 +128,9 @@ class MetaLearner:
         self._optimizer = _outer_optimizer(cfg, self._params, self._log_lrs)
         self.metrics = metrics if metrics is not None else MetricsLogger()
         # Per task, with and without the support loss after adaptation. Under
-        # inner.nonfinite='error' the adapted parameters come out, checked in `_outcome`: a
-        # vector norm per tensor costs several times more per task inside vmap than batched.
+        # inner.nonfinite='error' the update leaves its check to `_task_objective`, which
+        # reports one sum of squares of all adapted parameters: a norm per tensor inside vmap
+        # costs several times more.
         adapted_out = cfg.inner.nonfinite == "error"
         self._vmapped_tasks = {
             after: torch.func.vmap(
@@ -213,6 +214,7 @@ class MetaLearner:
             objective = self._vmapped_tasks[support_loss_after]
             totals, aux = objective(self._params, self._log_lrs, support, query)
             totals.mean().backward()
+            adapted_out = self.config.inner.nonfinite == "error"
         else:
             per_task = []
             for index in range(num_tasks):
@@ -225,11 +227,11 @@ class MetaLearner:
                 )
                 (total / num_tasks).backward()
                 per_task.append(task_aux)
-            aux = {
-                m: {key: torch.stack([a[m][key] for a in per_task]) for key in named}
-                for m, named in per_task[0].items()
-            }
-        metrics, inner = self._outcome(aux, num_tasks)
+            aux = {m: torch.stack([a[m] for a in per_task]) for m in per_task[0]}
+            adapted_out = False  # each task's update checked itself, and raised
+        metrics, inner = self._outcome(
+            aux, num_tasks, after=support_loss_after, adapted_out=adapted_out
+        )
         grads = MetaGradients(
             {m: {n: _grad_of(p) for n, p in self._params[m].items()} for m in self._trained},
             {k: _grad_of(v) for k, v in self._log_lrs.items()},
@@ -398,16 +400,27 @@ class MetaLearner:
         return self._rule.expand(support), self._rule.expand(query), num_tasks
 
     def _outcome(
-        self, aux: dict[str, dict[str, Tensor]], num_tasks: int
+        self,
+        aux: dict[str, Tensor],
+        num_tasks: int,
+        *,
+        after: bool = True,
+        adapted_out: bool | None = None,
     ) -> tuple[dict[str, Tensor | int], InnerCheck | None]:
-        """Step metrics from the per-task aux values, and, under inner.nonfinite='error' with
-        vmap, what the inner updates met (the per-task loop raises at once instead)."""
-        for a in aux.values():
-            if _ADAPTED in a:
-                a["nonfinite"] = _nonfinite_tasks(a.pop(_ADAPTED)).to(a["query_loss"].dtype)
+        """Step metrics from the per-task aux values (per module, `[tasks, len(_AUX)]`; the
+        support loss after adaptation measured if `after`), and, under inner.nonfinite='error'
+        with vmap, what the inner updates met (the per-task loop raises at once instead).
+        `adapted_out`: whether the last column holds the adapted parameters' sums of squares
+        (default: under inner.nonfinite='error', as the vmapped objective reports)."""
+        if adapted_out is None:
+            adapted_out = self.config.inner.nonfinite == "error"
         # Per module: tasks with a non-finite inner step (the metric sums them).
-        counts = {m: (a["nonfinite"] > 0).sum() for m, a in aux.items()}
-        metrics = self._task_metrics(aux, counts, num_tasks)
+        with torch.no_grad():
+            if adapted_out:
+                counts = {m: (~torch.isfinite(a[:, _NONFINITE])).sum() for m, a in aux.items()}
+            else:
+                counts = {m: (a[:, _NONFINITE] > 0).sum() for m, a in aux.items()}
+        metrics = self._task_metrics(aux, counts, num_tasks, after)
         if self.config.inner.nonfinite != "error" or self.config.vectorize != "vmap":
             return metrics, None
         zero = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -459,32 +472,27 @@ class MetaLearner:
         *,
         support_loss_after: bool,
         adapted_out: bool = False,
-    ) -> tuple[Tensor, dict[str, dict[str, Any]]]:
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """One task's summed query loss (the meta-objective) and, per module, its detached
-        aux values by name (`_AUX`, less `support_loss_after` when not asked for); under vmap
+        aux values (`_AUX`, in one tensor: a single output per module costs vmap less than
+        one per value; the support loss after adaptation is 0 when not asked for). Under vmap
         every value gains a leading task dimension. With `adapted_out` (under
-        inner.nonfinite='error') the module's adapted parameters take the place of
-        `nonfinite`, for `_outcome` to check."""
+        inner.nonfinite='error') the last value is the sum of squares of the module's
+        adapted parameters instead, for `_outcome` to check."""
         lrs = lrs_from_log(log_lrs, params, self.config.inner.learned_lr) if log_lrs else None
         adapted, inner = self._rule.adapt(params, support, lrs=lrs, check_nonfinite=not adapted_out)
         query_losses = self._rule.outer_losses(adapted, query)
-        aux: dict[str, dict[str, Any]] = {
-            m: {
-                "query_loss": query_losses[m].detach(),
-                "support_loss_before": inner[m]["loss_before"],
-            }
-            for m in query_losses
-        }
-        for m, named in aux.items():
-            if adapted_out:
-                named[_ADAPTED] = list(adapted[m].values())
-            else:
-                named["nonfinite"] = inner[m]["nonfinite"]
-        if support_loss_after:
-            with torch.no_grad():  # a record: no graph, so the adapted values need no detach
-                after = self._rule.inner_losses(adapted, support)
-            for m, named in aux.items():
-                named[_AFTER] = after[m]
+        with torch.no_grad():  # records: no graph, so the values need no detach
+            after = self._rule.inner_losses(adapted, support) if support_loss_after else None
+            aux: dict[str, Tensor] = {}
+            for m, loss in query_losses.items():
+                if adapted_out:
+                    flat = [p.reshape(-1) for p in adapted[m].values()]
+                    last = torch.cat(flat).square().sum()
+                else:
+                    last = inner[m]["nonfinite"]
+                measured = after[m] if after is not None else torch.zeros_like(loss)
+                aux[m] = torch.stack([loss.detach(), inner[m]["loss_before"], measured, last])
         if len(query_losses) == 1:  # the sum of one loss is that loss, exactly
             (total,) = query_losses.values()
             return total, aux
@@ -504,17 +512,21 @@ class MetaLearner:
         return torch.stack(losses)
 
     def _task_metrics(
-        self, aux: dict[str, dict[str, Tensor]], nonfinite: dict[str, Tensor], num_tasks: int
+        self,
+        aux: dict[str, Tensor],
+        nonfinite: dict[str, Tensor],
+        num_tasks: int,
+        after: bool,
     ) -> dict[str, Tensor | int]:
-        """Step metrics from per-module aux values shaped [tasks]: losses are means over
-        tasks summed over modules; inner_nonfinite_tasks sums `nonfinite`, each module's
+        """Step metrics from per-module aux values shaped [tasks, len(_AUX)]: losses are means
+        over tasks summed over modules; inner_nonfinite_tasks sums `nonfinite`, each module's
         count of tasks with a non-finite step."""
-        # One reduction over tasks per module, of a [tasks, len(_AUX)] tensor whose columns are
-        # named by _AUX at once: a column reduced on its own is summed in another order and
-        # would change the reported losses in their last bit. A loss not measured keeps its
-        # column, as zeros, so that the others are reduced exactly as when it is.
-        after = _AFTER in next(iter(aux.values()))
-        stacked = {m: torch.stack(_columns(a), dim=1).mean(0) for m, a in aux.items()}
+        # One reduction over tasks per module, of all columns at once: a column reduced on
+        # its own is summed in another order and would change the reported losses in their
+        # last bit. A loss not measured keeps its column, as zeros, so that the others are
+        # reduced exactly as when it is.
+        with torch.no_grad():
+            stacked = {m: a.mean(0) for m, a in aux.items()}
         means = {m: dict(zip(_AUX, mean.unbind(), strict=True)) for m, mean in stacked.items()}
         if len(means) == 1:  # the sums over one module are its values, exactly
             (total,) = means.values()
@@ -534,23 +546,6 @@ class MetaLearner:
                 if after:
                     metrics[f"{m}/{_AFTER}"] = mean[_AFTER]
         return metrics
-
-
-def _columns(aux: dict[str, Tensor]) -> list[Tensor]:
-    """One module's aux values [tasks] in `_AUX` order; zeros for a loss not measured."""
-    if _AFTER in aux:
-        return [aux[key] for key in _AUX]
-    zeros = torch.zeros_like(aux["query_loss"])
-    return [aux[key] if key != _AFTER else zeros for key in _AUX]
-
-
-def _nonfinite_tasks(params: list[Tensor]) -> Tensor:
-    """Per task (the leading dimension): whether its parameters hold a NaN or an infinity,
-    from their global norm, as `DifferentiableLearner.update` checks one task's."""
-    rows = [p.flatten(1) if p.dim() > 1 else p.unsqueeze(1) for p in params]
-    with torch.no_grad():
-        norms = torch.stack([torch.linalg.vector_norm(r, dim=1) for r in rows], dim=1)
-        return ~torch.isfinite(torch.linalg.vector_norm(norms, dim=1))
 
 
 def _lr_stats(log_lrs: list[Tensor]) -> dict[str, Tensor]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -203,3 +206,32 @@ def test_apply_override_creates_sections_and_validate_config_names_its_source() 
     with pytest.raises(ConfigError) as caught:
         validate_config(document, source="the test")
     assert str(caught.value).startswith("invalid config the test (2 errors):\n")
+
+
+def test_reading_a_run_config_imports_neither_torch_nor_ray_nor_prefect():
+    # `offmeta run` refuses a bad config before the seconds those imports take.
+    probe = (
+        "import sys\nfrom flows.config import load_config\n"
+        "load_config('flows/configs/point_robot.yaml', ['learners.inner.lr=0.05'])\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'prefect'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_learners_package_gives_its_names_on_first_use():
+    import learners
+    from learners.meta.learner import MetaLearner
+
+    assert learners.MetaLearner is MetaLearner
+    assert set(learners.__all__) <= set(dir(learners))
+    with pytest.raises(AttributeError, match="module 'learners' has no attribute 'Nope'"):
+        _ = learners.Nope

@@ -1,0 +1,58 @@
+"""``RayStart``: Ray started on another thread while the main one works, in a fresh process
+(the test session's own Ray would be joined instead)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers.paths import REPO
+
+pytestmark = pytest.mark.timeout(180)
+
+_PROBE = textwrap.dedent(
+    """
+    import threading, time
+    import ray
+    from flows.config import RayConfig
+    from flows.process.runtime import RayStart
+
+    @ray.remote
+    def double(x):
+        return 2 * x
+
+    with RayStart(RayConfig(num_cpus=1)) as start:
+        # The main thread goes on while Ray starts; its processes must outlive the call
+        # that started them (they die with the thread that started them).
+        sum(i * i for i in range(10**6))
+        start.wait()
+        time.sleep(1.0)
+        print("doubled", ray.get([double.remote(i) for i in range(3)]))
+        print("keeper alive", any(t.name == "offmeta-ray-start" for t in threading.enumerate()))
+    print("after", ray.is_initialized(), [t.name for t in threading.enumerate()])
+    """
+)
+
+
+def test_ray_started_on_another_thread_serves_the_main_one_and_stops_with_the_block():
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""},
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "doubled [0, 2, 4]",
+        "keeper alive True",
+        "after False ['MainThread']",
+    ]
+    # Started off the main thread, ray.init warns that it set no SIGTERM handler: RayStart
+    # sets it, and drops that warning.
+    assert "SIGTERM handler is not set" not in result.stderr
