@@ -121,7 +121,7 @@ def subset(root: Path, name: str, paths: list[Path]) -> Path:
 
 def pyarrow_epoch(paths: list[Path]) -> tuple[int, float]:
     """Rows and seconds: read, group per module once, slice zero-copy torch minibatches."""
-    from pipeline.streams.collate import column_array, module_codes
+    from pipeline.streams.columns import column_array, module_codes
 
     start = time.perf_counter()
     rows = 0
@@ -247,7 +247,7 @@ def _flat_per_module(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 def _module_code_column(table: pa.Table) -> pa.Table:
-    from pipeline.streams.collate import module_codes
+    from pipeline.streams.columns import module_codes
 
     codes, names = module_codes(table)
     assert names == list(MODULES), names

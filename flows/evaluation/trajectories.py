@@ -28,7 +28,7 @@ from flows.evaluation.rollouts import roll_out
 from flows.evaluation.task_rollouts import TaskRollouts
 from pipeline.io.arrow_columns import decoded
 from pipeline.reads.episodes import Episodes
-from pipeline.streams.collate import column_array
+from pipeline.streams.columns import column_array
 from pipeline.synthetic.point_robot_episodes import BEHAVIOR_COLUMN
 
 GOALS_SHOWN = 4

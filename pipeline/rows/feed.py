@@ -41,7 +41,8 @@ from pipeline.reads.episodes import Episodes
 from pipeline.reads.returns import returns_index, split_derived
 from pipeline.rows.epoch_tables import BlockEpochs, FileEpochs, shard_superbatches
 from pipeline.rows.options import RowStream
-from pipeline.streams.collate import Batch, collate_minibatches, module_codes
+from pipeline.streams.collate import Batch, collate_minibatches
+from pipeline.streams.columns import module_codes
 from pipeline.streams.epoch_feed import Deal
 from pipeline.streams.selection import check_modules, resolve_columns
 

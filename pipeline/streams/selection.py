@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from pipeline.contract.schema import DEFAULT_MODULE_ID, REQUIRED_COLUMNS, EpisodeSchema
-from pipeline.streams.collate import default_columns
+from pipeline.streams.columns import default_columns
 
 
 def resolve_columns(schema: EpisodeSchema, columns: Sequence[str] | None) -> tuple[str, ...]:

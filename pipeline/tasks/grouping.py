@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +41,10 @@ from pipeline.contract.schema import (
 )
 from pipeline.io.arrow_columns import decoded
 from pipeline.reads.returns import INPUT_COLUMNS, returns_columns
-from pipeline.streams.collate import Batch, column_array, gather
+from pipeline.streams.columns import column_array
+
+if TYPE_CHECKING:
+    from pipeline.streams.collate import Batch
 
 _LISTED = 20
 
@@ -132,6 +135,9 @@ class TaskSamples:
                 for g in groups[chosen]
             ]
         )
+        # Tensors only from here: planning and checking task samples import no torch.
+        from pipeline.streams.collate import gather
+
         (module,) = self.module_ids
         meta_batch: dict[str, Batch] = {
             part: {module: {name: gather(array, index) for name, array in self.arrays.items()}}

@@ -34,7 +34,7 @@ from pipeline.artifacts.plots import (
     learning_curve_files,
 )
 from pipeline.reads.episodes import read_episodes
-from pipeline.streams.collate import column_array
+from pipeline.streams.columns import column_array
 from pipeline.synthetic import PointRobotTasks, generate
 from pipeline.synthetic.point_robot_episodes import BEHAVIOR_COLUMN
 from tests.helpers.flow_runs import tiny_config

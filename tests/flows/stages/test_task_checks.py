@@ -6,7 +6,10 @@ than a window when the task samples stream."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import pytest
 from flows.stages.datasets import inspect_datasets
 from pipeline.contract.schema import DatasetError
 from tests.helpers.flow_runs import tiny_config, tiny_point_robot
+from tests.helpers.paths import REPO
 
 PART = "part-00000.parquet"
 
@@ -206,3 +210,25 @@ def test_held_out_evaluation_of_several_modules_is_refused_before_training(
         data, tmp_path, [*paths, helper, "learners.modules_to_update=[default_policy]"]
     )
     inspect_datasets(one)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["auto", "stream"])
+def test_the_checks_import_no_torch(mode: str) -> None:
+    # `offmeta run` checks the data before it starts Ray, and importing torch takes seconds.
+    probe = (
+        "import sys\nfrom flows.config import load_config\n"
+        "from flows.stages.datasets import inspect_datasets\n"
+        f"inspect_datasets(load_config('flows/configs/point_robot.yaml', ['tasks.mode={mode}']))\n"
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
