@@ -20,9 +20,10 @@ row group in ``SAMPLE_EVERY``, counted across the dataset in file order from the
 
 When that scan did not cover every row (``sample``, ``off``), the reads that feed training
 check what they read (``check_read_values``): one vectorised pass over the float columns of
-each table read, and only when it finds a NaN or inf are the files read scanned again, as
-``full`` would have, for the message validation gives. After ``full`` the reads check
-nothing (``ValueFacts.every_row``).
+each table read, and over discrete actions against a declared ``action_space.n`` (their
+minimum and maximum), and only when it finds a NaN, an inf or an action out of range are
+the files read scanned again, as ``full`` would have, for the message validation gives.
+After ``full`` the reads check nothing (``ValueFacts.every_row``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -55,6 +57,10 @@ class ValueFacts:
     """Rows whose float action has a component outside ``action_space``'s low/high."""
     warning: str | None = None
     """One line about those rows; ``None`` when there are none."""
+    discrete_n: int | None = None
+    """``action_space.n`` that discrete actions must lie below, when declared."""
+    space_file: str = ""
+    """The ``dataset.json`` declaring the action space, for the reads' messages."""
 
     @property
     def every_row(self) -> bool:
@@ -106,9 +112,9 @@ def check_value_columns(
     Raises ``DatasetError`` naming the file, the column, the number of offending rows and
     the first one (``eps_id``, ``t``).
     """
-    if check == "off":
-        return ValueFacts("off", 0)
     rules = _rules(schema, action_space, f"{resolved.root.rstrip('/')}/{METADATA_FILE}")
+    if check == "off":
+        return ValueFacts("off", 0, discrete_n=rules.discrete_n, space_file=rules.space_file)
     checked, outside, first_outside = 0, 0, ""
     before = 0
     total = sum(fact.num_rows for fact in facts)
@@ -134,36 +140,49 @@ def check_value_columns(
             f"{_of_rows(checked, total, check)}, first in {first_outside}; kept as recorded "
             "(recorders often store actions before the environment clips them)"
         )
-    return ValueFacts(check, checked, outside, warning)
+    return ValueFacts(check, checked, outside, warning, rules.discrete_n, rules.space_file)
 
 
 def check_read_values(
-    table: pa.Table, files: Sequence[str], filesystem: pafs.FileSystem, schema: EpisodeSchema
+    table: pa.Table,
+    files: Sequence[str],
+    filesystem: pafs.FileSystem,
+    schema: EpisodeSchema,
+    values: ValueFacts,
 ) -> None:
     """Refuse ``table`` (canonical columns read from ``files``) when a float column holds
-    NaN or inf, with the message a ``full`` validation of those files gives.
+    NaN or inf, or a discrete action lies outside ``[0, action_space.n)``, with the message a
+    ``full`` validation of those files gives.
 
-    For the reads of a dataset whose validation did not scan every row
-    (``ValueFacts.every_row``): the float columns of ``table`` are checked in one vectorised
-    pass, and only when they hold a non-finite value are ``files`` scanned, in order, for the
-    file, the count and the first row to name.
+    For the reads of a dataset whose validation did not scan every row (``values``, what it
+    covered; ``ValueFacts.every_row``): ``table`` is checked in one vectorised pass, and only
+    when it holds an offending value are ``files`` scanned, in order, for the file, the count
+    and the first row to name.
     """
     floats = _rules(schema, None, "").floats
     flagged = tuple(
         c for c in floats if c in table.column_names and not _all_finite(table.column(c))
     )
-    if not flagged:
+    n = values.discrete_n
+    out_of_range = n is not None and "actions" in table.column_names
+    out_of_range = out_of_range and not _all_below(table.column("actions"), n)
+    if not flagged and not out_of_range:
         return
-    rules = _Rules(flagged, None, None, None, "")
+    rules = _Rules(flagged, n if out_of_range else None, None, None, values.space_file)
     for path in files:
         metadata = pq.read_metadata(path, filesystem=filesystem)
         fact = FileFacts(path, metadata.num_rows, {}, row_groups=metadata.num_row_groups)
         _check_file(filesystem, fact, list(range(fact.row_groups)), schema, rules, "full")
-    labels = ", ".join(column_label(c, schema.column_map) for c in flagged)
+    found = []
+    if flagged:
+        labels = ", ".join(column_label(c, schema.column_map) for c in flagged)
+        found.append(f"{labels} held non-finite values (NaN or inf)")
+    if out_of_range:
+        found.append(f"{column_label('actions', schema.column_map)} held actions outside [0, {n})")
     raise DatasetError(
-        f"{', '.join(files)}: {labels} held non-finite values (NaN or inf) when read for "
-        "training, but none when scanned again: the files changed while they were read; "
-        "expected the files that were validated. Fix: validate them again and rerun"
+        f"{', '.join(files)}: {' and '.join(found)} when read for training, but none when "
+        "scanned again: the files changed while they were read; expected the files that were "
+        "validated. Fix: validate them again and rerun"
     )
 
 
@@ -273,6 +292,13 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
         parts.append(values)
     flat = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return flat, width
+
+
+def _all_below(column: pa.ChunkedArray, n: int) -> bool:
+    """Whether every value of an integer column lies in ``[0, n)``."""
+    extremes = pc.min_max(column)
+    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    return low is None or (low >= 0 and high < n)
 
 
 def _all_finite(column: pa.ChunkedArray) -> bool:

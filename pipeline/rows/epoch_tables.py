@@ -64,10 +64,13 @@ class BlockEpochs:
             dataset = dataset.filter(expr=col("module_id").is_in(sorted(modules)))
         self._bundles = list(ref_bundles(dataset.materialize()))
         self._seed = seed
-        if not episodes.values.every_row:
+        values = episodes.values
+        if not values.every_row:
             for bundle in self._bundles:
                 for table in bundle_blocks(bundle):
-                    check_read_values(table, episodes.files, episodes.filesystem, episodes.schema)
+                    check_read_values(
+                        table, episodes.files, episodes.filesystem, episodes.schema, values
+                    )
 
     def tables(self, epoch: int) -> Iterator[pa.Table]:
         order = np.random.default_rng(self._seed + epoch).permutation(len(self._bundles))

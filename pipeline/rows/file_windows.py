@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.contract.value_checks import check_read_values
+from pipeline.contract.value_checks import ValueFacts, check_read_values
 from pipeline.io.parquet_files import group_files, read_blocks
 from pipeline.reads.episodes import DatasetInfo, canonical_table
 
@@ -50,7 +50,7 @@ def read_window(
 
     on_disk = [info.schema.column_map.get(name, name) for name in columns]
     # Only what canonical_table needs travels with every task, not every file's name.
-    facts = _Canonical(info.schema, info.needs_normalising, not info.values.every_row)
+    facts = _Canonical(info.schema, info.needs_normalising, info.values)
     read = with_backpressure(_remote_read_group(), AHEAD_BLOCKS)
     generators = []
     try:
@@ -86,13 +86,13 @@ def _remote_read_group() -> Any:
 
 
 class _Canonical:
-    """The parts of a ``DatasetInfo`` that ``canonical_table`` reads, and whether the values
-    read must be checked."""
+    """The parts of a ``DatasetInfo`` that ``canonical_table`` reads, and what validation
+    checked of the values (read values are checked again unless it scanned every row)."""
 
-    def __init__(self, schema: Any, needs_normalising: bool, check_values: bool) -> None:
+    def __init__(self, schema: Any, needs_normalising: bool, values: ValueFacts) -> None:
         self.schema = schema
         self.needs_normalising = needs_normalising
-        self.check_values = check_values
+        self.values = values
 
 
 def _read_group(
@@ -106,6 +106,6 @@ def _read_group(
 ) -> Iterator[pa.Table]:
     for block in read_blocks(files, sizes, filesystem, on_disk, block_bytes):
         table = canonical_table(facts, block).select(list(columns))  # type: ignore[arg-type]
-        if facts.check_values:
-            check_read_values(table, files, filesystem, facts.schema)
+        if not facts.values.every_row:
+            check_read_values(table, files, filesystem, facts.schema, facts.values)
         yield table

@@ -149,7 +149,9 @@ def _sampled(
         )
     table = reader(episodes, read, modules)
     if not episodes.values.every_row:
-        check_read_values(table, episodes.files, episodes.filesystem, episodes.schema)
+        check_read_values(
+            table, episodes.files, episodes.filesystem, episodes.schema, episodes.values
+        )
     if table.num_rows == 0:
         raise DatasetError(no_rows_message(modules))
     groups = group_rows(table)

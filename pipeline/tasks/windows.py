@@ -32,7 +32,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.contract.schema import DatasetError, EpisodeSchema
-from pipeline.contract.value_checks import check_read_values
+from pipeline.contract.value_checks import ValueFacts, check_read_values
 from pipeline.reads.episodes import DatasetInfo
 from pipeline.tasks.grouping import (
     TaskSamples,
@@ -94,9 +94,9 @@ class TaskWindows:
     derived: tuple[str, ...] = ()
     """Columns derived per window with ``gamma`` (``pipeline.reads.returns``)."""
     gamma: float | None = None
-    values_checked: bool = True
-    """Whether validation scanned every row's values; otherwise each window read is checked
-    for NaN and inf (``pipeline.contract.value_checks.check_read_values``)."""
+    values: ValueFacts | None = None
+    """What validation checked of the values; unless it scanned every row, each window read
+    is checked (``pipeline.contract.value_checks.check_read_values``)."""
 
     @property
     def samples_per_epoch(self) -> int:
@@ -165,9 +165,9 @@ class TaskWindows:
         if "t" in names and pa.types.is_int64(table.schema.field("t").type):
             table = table.set_column(names.index("t"), "t", pc.cast(table.column("t"), pa.int32()))
         table = of_modules(table, self.schema, self.modules)
-        if not self.values_checked:
+        if self.values is not None and not self.values.every_row:
             files = [self.files[i] for i in dict.fromkeys(piece.file for piece in window.pieces)]
-            check_read_values(table, files, self.filesystem, self.schema)
+            check_read_values(table, files, self.filesystem, self.schema, self.values)
         return table
 
     @property
@@ -249,7 +249,7 @@ def plan_task_windows(
         modules=modules,
         derived=derived,
         gamma=gamma,
-        values_checked=info.values.every_row,
+        values=info.values,
     )
 
 

@@ -1,8 +1,11 @@
 """When validation skipped the value scan (``check_values`` ``sample`` or ``off``), the reads
-that feed training refuse NaN and inf with the message a full validation gives; after
+that feed training refuse NaN, inf and discrete actions outside the declared space with the
+message a full validation gives; after
 ``full`` they trust it and check nothing again."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -108,3 +111,37 @@ def test_row_streams_refuse_what_validation_skipped_with_its_message(tmp_path, r
             with stream:
                 list(stream.take(2 * ROWS))
         assert str(in_rows.value) == expected
+
+
+@pytest.mark.parametrize("check", ["sample", "off"])
+def test_task_reads_refuse_discrete_actions_outside_the_space_with_its_message(tmp_path, check):
+    tasks = ("a", "b")
+    for part in range(2):
+        actions = np.zeros(ROWS, dtype=np.int64)
+        if part == 1:
+            actions[BAD_ROW] = 5
+        table = episode_table(
+            ROWS,
+            action_dim=None,
+            first_episode=4 * part,
+            tasks=(tasks[part],),
+            actions=pa.array(actions),
+        )
+        pq.write_table(table, tmp_path / f"part-{part}.parquet", row_group_size=2)
+    (tmp_path / "dataset.json").write_text(
+        json.dumps({"id": "tiny", "action_space": {"kind": "discrete", "n": 2}})
+    )
+    info = inspect_episodes(tmp_path, check_values=check)
+    expected = _validation_message(tmp_path)
+    assert expected == (
+        f"{tmp_path / 'part-1.parquet'}: column 'actions' has actions outside [0, 2) in 1 of "
+        f"{ROWS} rows, first at eps_id 6 t 1 (action 5); expected 0 <= action < 2 as the "
+        f"discrete action_space (n: 2) in {tmp_path / 'dataset.json'} declares. Fix: correct "
+        "the actions or action_space.n"
+    )
+    with pytest.raises(DatasetError) as in_memory:
+        read_task_samples(info, support=1, query=1)
+    assert str(in_memory.value) == expected
+    with pytest.raises(DatasetError) as in_windows:
+        _streamed(info)
+    assert str(in_windows.value) == expected
