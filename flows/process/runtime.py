@@ -42,15 +42,21 @@ def set_quiet_environment() -> None:
 def ray_session(config: RayConfig) -> Iterator[None]:
     """Join the running Ray session, or start (and afterwards stop) one as ``config`` says.
 
-    A session that was already running (a test fixture, a notebook) is left running. Ray's
-    output is silenced as for library use (``pipeline.reads.ray_logging``; ``OFFMETA_VERBOSE=1``
-    shows it, and the output of Ray's workers too).
+    A session that was already running (a test fixture, a notebook) is left running, except
+    one that ``offmeta run`` started for this block (``RayStart``): leaving the block lets it
+    stop in the background while Prefect finishes the flow run. Ray's output is silenced as
+    for library use (``pipeline.reads.ray_logging``; ``OFFMETA_VERBOSE=1`` shows it, and the
+    output of Ray's workers too).
     """
     import ray
 
     quiet_ray()
     if ray.is_initialized():
-        yield
+        try:
+            yield
+        finally:
+            if _started_for_the_flow is not None:
+                _started_for_the_flow.release()
         return
     _init_ray(config)
     try:
@@ -65,10 +71,12 @@ class RayStart:
     import Prefect and the flow; ``wait()`` returns once Ray is up, and leaving the block
     stops the Ray it started (after waiting for its start to end, on every path).
 
-    ``ray.init`` takes ~6 s on the 2-core machine, nearly all of it waiting for Ray's
-    processes (GCS, raylet, the API server) to come up, so another thread can do it while the
-    main thread works. That thread lives until the session stops: Ray's processes get a
-    parent-death signal, which Linux sends when the *thread* that started them ends.
+    ``ray.init`` takes ~6 s on the 2-core machine, most of it waiting for Ray's processes
+    (GCS, raylet, the API server) to come up, so another thread can do it while the main
+    thread works. That thread lives until the session stops, and stops it: Ray's processes get
+    a parent-death signal, which Linux sends when the *thread* that started them ends. The
+    flow's ``ray_session`` releases it as it ends (``release``), so that its 1-2 s of shutdown
+    overlap Prefect's own end of the flow run.
     """
 
     def __init__(self, config: RayConfig) -> None:
@@ -92,16 +100,29 @@ class RayStart:
         logging.getLogger("ray._private.worker").addFilter(_not_the_main_thread_warning)
         self._keeper = threading.Thread(target=self._keep, name="offmeta-ray-start", daemon=True)
         self._keeper.start()
+        global _started_for_the_flow
+        _started_for_the_flow = self
         return self
 
     def _keep(self) -> None:
+        import ray
+
         try:
             _init_ray(self._config)
         except BaseException as error:  # raised again on the main thread by wait()
             self._error = error
+            return
         finally:
             self._ready.set()
         self._stop.wait()
+        ray.shutdown()
+
+    def release(self) -> None:
+        """Stop the Ray this started, in the background: nothing here uses it any more."""
+        global _started_for_the_flow
+        if _started_for_the_flow is self:
+            _started_for_the_flow = None
+        self._stop.set()
 
     def wait(self) -> None:
         """Return once Ray is up; raises what ``ray.init`` raised."""
@@ -112,13 +133,12 @@ class RayStart:
     def __exit__(self, *exc_info: object) -> None:
         if self._keeper is None:
             return
-        import ray
-
-        self._ready.wait()
-        if self._error is None:
-            ray.shutdown()
-        self._stop.set()
+        self.release()
         self._keeper.join()
+
+
+_started_for_the_flow: RayStart | None = None
+"""The ``RayStart`` whose Ray the flow's ``ray_session`` releases as it ends."""
 
 
 def _init_ray(config: RayConfig) -> None:

@@ -19,7 +19,7 @@ _PROBE = textwrap.dedent(
     import threading, time
     import ray
     from flows.config import RayConfig
-    from flows.process.runtime import RayStart
+    from flows.process.runtime import RayStart, ray_session
 
     @ray.remote
     def double(x):
@@ -33,12 +33,20 @@ _PROBE = textwrap.dedent(
         time.sleep(1.0)
         print("doubled", ray.get([double.remote(i) for i in range(3)]))
         print("keeper alive", any(t.name == "offmeta-ray-start" for t in threading.enumerate()))
+        # The flow's own session joins this Ray and, as it ends, lets it stop in the
+        # background while the block goes on.
+        with ray_session(RayConfig()):
+            print("joined", ray.get(double.remote(5)))
+        deadline = time.monotonic() + 60
+        while ray.is_initialized() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("released", not ray.is_initialized())
     print("after", ray.is_initialized(), [t.name for t in threading.enumerate()])
     """
 )
 
 
-def test_ray_started_on_another_thread_serves_the_main_one_and_stops_with_the_block():
+def test_ray_started_on_another_thread_serves_the_main_one_until_the_flow_releases_it():
     result = subprocess.run(
         [sys.executable, "-c", _PROBE],
         cwd=REPO,
@@ -51,6 +59,8 @@ def test_ray_started_on_another_thread_serves_the_main_one_and_stops_with_the_bl
     assert result.stdout.splitlines() == [
         "doubled [0, 2, 4]",
         "keeper alive True",
+        "joined 10",
+        "released True",
         "after False ['MainThread']",
     ]
     # Started off the main thread, ray.init warns that it set no SIGTERM handler: RayStart
