@@ -27,6 +27,7 @@ from flows.evaluation.rollouts import (
     reports_expert,
     roll_out,
 )
+from learners.inner.differentiable import raise_on_nonfinite
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import task_slice
 from learners.models.factory import build_model
@@ -107,12 +108,7 @@ def roll_out_tasks(
     # policy's and has no actions to roll out).
     (module,) = learner.config.data_modules
     model = build_model(learner.config.modules[module]).to(learner.device)
-    support = meta_batch["support"]
-    per_task = [
-        learner.adapt(None, task_slice(support, i), steps=settings.rollout_adapt_steps)[module]
-        for i in range(len(task_ids))
-    ]
-    adapted = {name: torch.stack([a[name] for a in per_task]) for name in per_task[0]}
+    adapted = _adapted(learner, module, meta_batch["support"], settings.rollout_adapt_steps)
     meta = {name: p.detach() for name, p in learner.meta_params[module].items()}
     episodes = settings.rollout_episodes
     rows = [envs.make(task_id) for task_id in task_ids for _ in range(episodes)]
@@ -136,6 +132,32 @@ def roll_out_tasks(
     for env in rows:
         env.close()
     return TaskRollouts(policies=policies, results=results)
+
+
+def _adapted(
+    learner: MetaLearner, module: str, support: Mapping[str, Any], steps: int
+) -> dict[str, torch.Tensor]:
+    """``module``'s parameters adapted to each task of ``support`` (``[tasks, ...]`` per name):
+    one vmapped ``adapt`` (the learner's per-task loop under ``vectorize: loop``). Under
+    ``inner.nonfinite: error`` a non-finite update raises, as ``adapt`` of one task does."""
+    if learner.config.vectorize != "vmap":
+        tasks = next(iter(next(iter(support.values())).values())).shape[0]
+        per_task = [
+            learner.adapt(None, task_slice(support, i), steps)[module] for i in range(tasks)
+        ]
+        return {name: torch.stack([a[name] for a in per_task]) for name in per_task[0]}
+    adapted = torch.func.vmap(
+        lambda task: learner.adapt(None, task, steps)[module], randomness="different"
+    )(support)
+    if learner.config.inner.nonfinite == "error":
+        # Inside vmap the update cannot raise: the batched parameters are checked here.
+        rows = [p.reshape(p.shape[0], -1) for p in adapted.values()]
+        bad = ~torch.isfinite(torch.cat(rows, dim=1)).all(dim=1)
+        raise_on_nonfinite(
+            {module: {"nonfinite": bad}},
+            "the updated parameters of {count} held-out task(s) are non-finite",
+        )
+    return adapted
 
 
 def _stats(result: RolloutResult, tasks: int) -> PolicyStats:

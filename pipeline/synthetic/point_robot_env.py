@@ -2,17 +2,22 @@
 per environment: the env factory held-out evaluation uses for ``point_robot`` datasets.
 
 ``point_robot_env(task_id, params)`` is called as every ``evaluation.env`` factory is
-(docs/evaluation.md), with ``params`` the task's ``dataset.json`` entry (``{"goal": [x, y]}``).
-The dynamics, rewards and start distribution are ``PointRobotEnv``'s, on a batch of one: an
-episode started from the same draws gives the same positions and rewards as a row of the
-batched environment. ``info`` carries ``position`` (for the rollout picture), ``goal`` and
-``expert_action``, the noise-free expert's next action (the evaluation's ``expert``).
+(docs/evaluation.md), with ``params`` the task's ``dataset.json`` entry
+(``{"goal": [x, y]}``). The dynamics, rewards and start distribution are ``PointRobotEnv``'s:
+an episode started from the same draws gives the same positions and rewards, bit for bit, as
+a row of the batched environment. A step computes them on Python floats, the operations of
+the batched numpy code in the same order (that code costs ~100 us a step on a batch of one,
+and ``make run``'s evaluation makes 30,000 steps). ``info`` carries ``position`` (for the
+rollout picture), ``goal`` and ``expert_action``, the noise-free expert's next action (the
+evaluation's ``expert``).
 
-Imports gymnasium (the ``train`` extra), so ``pipeline.synthetic`` does not import this module.
+Imports gymnasium (the ``train`` extra), so ``pipeline.synthetic`` does not import this
+module.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,8 +28,6 @@ from pipeline.synthetic.point_robot import (
     EPISODE_STEPS,
     MAX_ACTION,
     START_NOISE,
-    PointRobotEnv,
-    expert_step,
 )
 
 
@@ -39,35 +42,51 @@ class PointRobotGoalEnv(gym.Env[np.ndarray, np.ndarray]):
         start_noise: float = START_NOISE,
     ) -> None:
         self.goal = np.asarray(goal, dtype=np.float64).reshape(2)
-        self._robot = PointRobotEnv(self.goal[None], max_steps=max_steps, start_noise=start_noise)
+        self.max_steps = max_steps
+        self.start_noise = start_noise
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32)
         self.action_space = gym.spaces.Box(-MAX_ACTION, MAX_ACTION, shape=(2,), dtype=np.float32)
+        self._goal = (float(self.goal[0]), float(self.goal[1]))
+        self._position = (0.0, 0.0)
+        self._steps = 0
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
-        obs = self._robot.reset(self.np_random)[0]
+        noise = self.start_noise
+        # PointRobotEnv.reset's draw, for a batch of one.
+        x, y = self.np_random.uniform(-noise, noise, size=(1, 2))[0]
+        self._position, self._steps = (float(x), float(y)), 0
+        obs = np.array(self._position, dtype=np.float32)
         return obs, self._info(obs)
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        obs, rewards, terminateds, truncateds = self._robot.step(np.asarray(action)[None])
-        return (
-            obs[0],
-            float(rewards[0]),
-            bool(terminateds[0]),
-            bool(truncateds[0]),
-            self._info(obs[0]),
-        )
+        if self._steps >= self.max_steps:
+            raise RuntimeError(f"episodes ended after {self.max_steps} steps; call reset()")
+        move = np.asarray(action, dtype=np.float64)
+        if move.shape != (2,):
+            raise ValueError(f"actions have shape {move.shape}; expected (2,)")
+        # PointRobotEnv.step: clip each component, move, reward minus the distance to the goal.
+        x, y = (p + _clipped(float(m)) for p, m in zip(self._position, move, strict=True))
+        self._position, self._steps = (x, y), self._steps + 1
+        dx, dy = x - self._goal[0], y - self._goal[1]
+        reward = float(np.float32(-math.sqrt(dx * dx + dy * dy)))
+        obs = np.array(self._position, dtype=np.float32)
+        return obs, reward, False, self._steps == self.max_steps, self._info(obs)
 
     def _info(self, obs: np.ndarray) -> dict[str, Any]:
-        # As expert_actions without noise: the clip and the float32 cast.
-        expert = np.clip(expert_step(obs[None], self.goal[None])[0], -MAX_ACTION, MAX_ACTION)
-        return {
-            "position": obs.copy(),
-            "goal": self.goal.copy(),
-            "expert_action": expert.astype(np.float32),
-        }
+        # expert_step on the float32 observation, then expert_actions' clip and float32 cast.
+        tx, ty = self._goal[0] - float(obs[0]), self._goal[1] - float(obs[1])
+        ratio = MAX_ACTION / max(math.sqrt(tx * tx + ty * ty), 1e-12)
+        scale = ratio if not ratio >= 1.0 else 1.0  # np.minimum(1.0, ratio): NaN stays NaN
+        expert = np.array([_clipped(tx * scale), _clipped(ty * scale)], dtype=np.float32)
+        return {"position": obs.copy(), "goal": self.goal.copy(), "expert_action": expert}
+
+
+def _clipped(value: float) -> float:
+    """``np.clip(value, -MAX_ACTION, MAX_ACTION)`` of one float (NaN stays NaN)."""
+    return min(max(value, -MAX_ACTION), MAX_ACTION)
 
 
 def point_robot_env(task_id: str, params: Mapping[str, Any], **kwargs: Any) -> PointRobotGoalEnv:

@@ -23,6 +23,7 @@ from flows.stages.datasets import inspect_datasets
 from pipeline.contract.schema import DatasetError
 from pipeline.reads.episodes import inspect_episodes
 from pipeline.synthetic import generate
+from pipeline.synthetic.point_robot import EPISODE_STEPS, MAX_ACTION, PointRobotEnv, expert_step
 from pipeline.synthetic.point_robot_env import PointRobotGoalEnv, point_robot_env
 from tests.helpers.flow_runs import tiny_config, tiny_point_robot
 from tests.helpers.line_world import LineEnv, LineWorldTasks
@@ -329,3 +330,27 @@ def test_other_action_spaces_are_refused() -> None:
         "evaluation rollouts act in Box or Discrete action spaces; the environment's is "
         "MultiBinary(3)"
     )
+
+
+def test_the_point_robot_env_steps_exactly_as_a_row_of_the_batched_robot() -> None:
+    goal = np.array([-0.31, 0.93])
+    env = PointRobotGoalEnv(goal)
+    env.np_random = np.random.default_rng(7)
+    robot = PointRobotEnv(goal[None])
+    obs, info = env.reset()
+    np.testing.assert_array_equal(obs, robot.reset(np.random.default_rng(7))[0])
+    # Actions inside and outside the box (clipped), and a NaN, which both let through.
+    actions = np.random.default_rng(1).normal(0.0, 0.2, size=(EPISODE_STEPS, 2))
+    actions[5, 1] = np.nan
+    for step, action in enumerate(actions.astype(np.float32)):
+        expected = np.clip(expert_step(obs[None], goal[None])[0], -MAX_ACTION, MAX_ACTION)
+        np.testing.assert_array_equal(info["expert_action"], expected.astype(np.float32))
+        obs, reward, terminated, truncated, info = env.step(action)
+        batch_obs, rewards, terminateds, truncateds = robot.step(action[None])
+        np.testing.assert_array_equal(obs, batch_obs[0])
+        assert reward == float(rewards[0]) or (np.isnan(reward) and np.isnan(rewards[0]))
+        assert (terminated, truncated) == (bool(terminateds[0]), bool(truncateds[0]))
+        assert truncated == (step == EPISODE_STEPS - 1)
+    with pytest.raises(RuntimeError) as ended:
+        env.step(actions[0])
+    assert str(ended.value) == "episodes ended after 20 steps; call reset()"
