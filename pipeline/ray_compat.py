@@ -57,6 +57,18 @@ QUIET_LOGGERS = {
 """Logger names -> the level that keeps Ray's start-up and execution chatter quiet."""
 
 
+def drop_off_main_thread_warning() -> None:
+    """Drop the warning ``ray.init`` logs when it runs off the main thread (that it set no
+    SIGTERM handler): ``flows.process.runtime.RayStart`` starts Ray on a thread of its own and
+    sets that handler itself. Private: the line comes from ``ray._private.worker``'s logger,
+    and Ray has no setting for it."""
+    logging.getLogger("ray._private.worker").addFilter(_not_the_main_thread_warning)
+
+
+def _not_the_main_thread_warning(record: logging.LogRecord) -> bool:
+    return "SIGTERM handler is not set" not in record.getMessage()
+
+
 def isolated_copy(dataset: ray.data.Dataset) -> ray.data.Dataset:
     """A copy of ``dataset`` with a context of its own, so that settings made on the copy
     (block size, execution options) leave the caller's dataset as it was.

@@ -89,6 +89,8 @@ class RayStart:
     def __enter__(self) -> RayStart:
         import ray
 
+        from pipeline.ray_compat import drop_off_main_thread_warning
+
         quiet_ray()
         if ray.is_initialized():
             self._ready.set()
@@ -97,7 +99,7 @@ class RayStart:
             # What ray.init does on the main thread: SIGTERM ends the process through
             # sys.exit, so that exit handlers (Ray's shutdown among them) run.
             signal.signal(signal.SIGTERM, _exit_on_signal)
-        logging.getLogger("ray._private.worker").addFilter(_not_the_main_thread_warning)
+        drop_off_main_thread_warning()
         self._keeper = threading.Thread(target=self._keep, name="offmeta-ray-start", daemon=True)
         self._keeper.start()
         global _started_for_the_flow
@@ -158,12 +160,6 @@ def _init_ray(config: RayConfig) -> None:
 
 def _exit_on_signal(signum: int, frame: object) -> None:
     sys.exit(signum)
-
-
-def _not_the_main_thread_warning(record: logging.LogRecord) -> bool:
-    """Drop ray.init's warning that, started off the main thread, it set no SIGTERM handler
-    (``RayStart`` sets the same handler itself)."""
-    return "SIGTERM handler is not set" not in record.getMessage()
 
 
 @contextlib.contextmanager

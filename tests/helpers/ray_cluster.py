@@ -43,7 +43,8 @@ RAY = str(Path(sys.executable).with_name("ray"))
 _START_TIMEOUT_S = 90.0
 _STOP_TIMEOUT_S = 10.0
 """Grace of a node's SIGTERM, all nodes at once: nodes stop in under 3 s, but after the node
-kill one stayed for a whole 30 s grace (suite durations); the tests are over, so the rest is SIGKILL."""
+kill one stayed for a whole 30 s grace (suite durations); the tests are over, so the rest is
+SIGKILL."""
 _UNSHARE = ["unshare", "--mount", "--propagation", "private"]
 # The head's GCS declares a node dead after 3 failed health checks 1 s apart (Ray's defaults,
 # 5 checks 3 s apart, leave a node-kill test waiting 15 s): a raylet that is alive answers
