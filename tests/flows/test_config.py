@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from flows.config import (
     validate_config,
 )
 from learners.config import MetaConfig
+from tests.helpers.fresh_python import fresh_python
 from tests.helpers.paths import REPO
 
 CONFIGS = REPO / "flows" / "configs"
@@ -215,16 +213,7 @@ def test_reading_a_run_config_imports_neither_torch_nor_ray_nor_prefect():
         "load_config('flows/configs/point_robot.yaml', ['learners.inner.lr=0.05'])\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'prefect'}))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert fresh_python(probe) == "[]"
 
 
 def test_the_learners_package_gives_its_names_on_first_use():

@@ -6,10 +6,7 @@ than a window when the task samples stream."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +18,7 @@ import pytest
 from flows.stages.datasets import inspect_datasets
 from pipeline.contract.schema import DatasetError
 from tests.helpers.flow_runs import tiny_config, tiny_point_robot
-from tests.helpers.paths import REPO
+from tests.helpers.fresh_python import fresh_python
 
 PART = "part-00000.parquet"
 
@@ -222,13 +219,4 @@ def test_the_checks_import_no_torch(mode: str) -> None:
         f"inspect_datasets(load_config('flows/configs/point_robot.yaml', ['tasks.mode={mode}']))\n"
         "print('torch' in sys.modules)"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    assert fresh_python(probe) == "False"

@@ -4,12 +4,10 @@ dependencies rather than the ``mlflow`` package (which would pin pyarrow below 2
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import tomllib
 
+from tests.helpers.fresh_python import fresh_python
 from tests.helpers.paths import REPO
 
 
@@ -33,13 +31,4 @@ def test_nothing_outside_pipeline_mlflow_imports_mlflow() -> None:
         "import flows.cli.artifacts, flows.stages.mirroring, pipeline.mlflow\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlflow'))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert fresh_python(probe) == "[]"
