@@ -214,7 +214,6 @@ class MetaLearner:
             objective = self._vmapped_tasks[support_loss_after]
             totals, aux = objective(self._params, self._log_lrs, support, query)
             totals.mean().backward()
-            adapted_out = self.config.inner.nonfinite == "error"
         else:
             per_task = []
             for index in range(num_tasks):
@@ -228,10 +227,7 @@ class MetaLearner:
                 (total / num_tasks).backward()
                 per_task.append(task_aux)
             aux = {m: torch.stack([a[m] for a in per_task]) for m in per_task[0]}
-            adapted_out = False  # each task's update checked itself, and raised
-        metrics, inner = self._outcome(
-            aux, num_tasks, after=support_loss_after, adapted_out=adapted_out
-        )
+        metrics, inner = self._outcome(aux, num_tasks, after=support_loss_after)
         grads = MetaGradients(
             {m: {n: _grad_of(p) for n, p in self._params[m].items()} for m in self._trained},
             {k: _grad_of(v) for k, v in self._log_lrs.items()},
@@ -405,23 +401,21 @@ class MetaLearner:
         num_tasks: int,
         *,
         after: bool = True,
-        adapted_out: bool | None = None,
     ) -> tuple[dict[str, Tensor | int], InnerCheck | None]:
         """Step metrics from the per-task aux values (per module, `[tasks, len(_AUX)]`; the
         support loss after adaptation measured if `after`), and, under inner.nonfinite='error'
         with vmap, what the inner updates met (the per-task loop raises at once instead).
-        `adapted_out`: whether the last column holds the adapted parameters' sums of squares
-        (default: under inner.nonfinite='error', as the vmapped objective reports)."""
-        if adapted_out is None:
-            adapted_out = self.config.inner.nonfinite == "error"
+        There the last column holds the adapted parameters' sums of squares; otherwise each
+        task's count of non-finite inner steps."""
+        checked_here = self.config.inner.nonfinite == "error" and self.config.vectorize == "vmap"
         # Per module: tasks with a non-finite inner step (the metric sums them).
         with torch.no_grad():
-            if adapted_out:
+            if checked_here:
                 counts = {m: (~torch.isfinite(a[:, _NONFINITE])).sum() for m, a in aux.items()}
             else:
                 counts = {m: (a[:, _NONFINITE] > 0).sum() for m, a in aux.items()}
         metrics = self._task_metrics(aux, counts, num_tasks, after)
-        if self.config.inner.nonfinite != "error" or self.config.vectorize != "vmap":
+        if not checked_here:
             return metrics, None
         zero = torch.zeros((), dtype=torch.int64, device=self.device)
         tasks = torch.stack([counts.get(m, zero) for m in self._trained])

@@ -53,6 +53,17 @@ def _streamed(info) -> None:
         windows.read_window(index)
 
 
+def _task_reads_refuse(info, expected: str) -> None:
+    """Task samples read in memory and streamed window by window both refuse with
+    ``expected``."""
+    with pytest.raises(DatasetError) as in_memory:
+        read_task_samples(info, support=1, query=1)
+    assert str(in_memory.value) == expected
+    with pytest.raises(DatasetError) as in_windows:
+        _streamed(info)
+    assert str(in_windows.value) == expected
+
+
 @pytest.mark.parametrize("check", ["sample", "off"])
 @pytest.mark.parametrize("column", ["rewards", "obs", "actions"])
 def test_task_reads_refuse_what_validation_skipped_with_its_message(tmp_path, column, check):
@@ -64,12 +75,7 @@ def test_task_reads_refuse_what_validation_skipped_with_its_message(tmp_path, co
         "first at eps_id 6 t 1; expected finite numbers in every row. Fix: drop the episodes "
         "holding them or repair the values where they were recorded"
     )
-    with pytest.raises(DatasetError) as in_memory:
-        read_task_samples(info, support=1, query=1)
-    assert str(in_memory.value) == expected
-    with pytest.raises(DatasetError) as in_windows:
-        _streamed(info)
-    assert str(in_windows.value) == expected
+    _task_reads_refuse(info, expected)
 
 
 def test_a_column_not_read_is_not_refused(tmp_path):
@@ -139,9 +145,4 @@ def test_task_reads_refuse_discrete_actions_outside_the_space_with_its_message(t
         f"discrete action_space (n: 2) in {tmp_path / 'dataset.json'} declares. Fix: correct "
         "the actions or action_space.n"
     )
-    with pytest.raises(DatasetError) as in_memory:
-        read_task_samples(info, support=1, query=1)
-    assert str(in_memory.value) == expected
-    with pytest.raises(DatasetError) as in_windows:
-        _streamed(info)
-    assert str(in_windows.value) == expected
+    _task_reads_refuse(info, expected)
