@@ -97,9 +97,9 @@ def episode_steps(support: EpisodeSupport, lengths: np.ndarray, where: str) -> i
     if shortest != longest:
         raise DatasetError(
             f"{where}: whole episodes as support sets need every episode to have one length "
-            f"(vmap stacks them), but the episodes have {shortest} to {longest} steps; set a "
-            "support window (tasks.support_window: W, W consecutive steps of each support "
-            "episode) or keep episodes of one length"
+            f"(vmap stacks them), but the episodes have {shortest} to {longest} steps; take W "
+            "consecutive steps of each support episode instead (tasks.support_window: W, or "
+            "EpisodeSupport(window=W))"
         )
     return shortest
 
@@ -202,11 +202,12 @@ def check_episode_sizes(
     skip_small_tasks: bool,
     where: str,
     keys: str,
+    skip: str,
 ) -> dict[str, int]:
     """The (module, task) groups (-> their episodes' lengths) too small for one sample ->
     their rows, in group order; refused in one line unless ``skip_small_tasks``, and always
     when every group is small. ``where`` and ``keys`` word the message for the caller (the
-    data, and the settings to lower: arguments or config keys)."""
+    data, the settings to lower and the one that skips, as arguments or config keys)."""
     several = len({module for module, _ in groups}) > 1
     small: dict[str, tuple[int, int, int]] = {}
     for (module, task), lengths in groups.items():
@@ -215,7 +216,7 @@ def check_episode_sizes(
             label = f"{task} (module {module})" if several else task
             small[label] = (found, len(lengths), int(lengths.sum()))
     if small and (not skip_small_tasks or len(small) == len(groups)):
-        raise DatasetError(_too_few_message(where, small, len(groups), support, query, keys))
+        raise DatasetError(_too_few_message(where, small, len(groups), support, query, keys, skip))
     return {label: rows for label, (_, _, rows) in small.items()}
 
 
@@ -226,6 +227,7 @@ def _too_few_message(
     support: EpisodeSupport,
     query: int,
     keys: str,
+    skip: str,
 ) -> str:
     e = support.episodes
     shown = [
@@ -240,7 +242,7 @@ def _too_few_message(
         f"episode{'s' * (e > 1)}{kind} and {query} query transitions from other episodes: "
         f"{', '.join(shown)}{more}; expected at least {e} usable episodes per task and at "
         f"least {query} rows outside its {e} longest. Lower {keys}, remove those tasks"
-        + (", or skip them (skip_small_tasks)" if len(small) < total else "")
+        + (f", or leave them out ({skip})" if len(small) < total else "")
     )
 
 

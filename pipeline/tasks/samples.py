@@ -187,6 +187,7 @@ def _sampled(
             skip_small_tasks=skip_small_tasks,
             where="task_samples",
             keys="episode_support or query",
+            skip="skip_small_tasks=True",
         )
     else:
         counts = np.diff(groups.offsets)
