@@ -236,9 +236,10 @@ def _too_few_message(
     ]
     more = f" and {len(small) - _LISTED} more" if len(small) > _LISTED else ""
     kind = "" if support.window is None else f" of at least {support.window} steps"
-    every = "every one" if len(small) == total else str(len(small))
+    every = f"every one of its {total} tasks has" if len(small) == total else None
     return (
-        f"{where}: {every} of {total} tasks have too few episodes for support sets of {e} "
+        f"{where}: {every or f'{len(small)} of {total} tasks have'} too few episodes for "
+        f"support sets of {e} "
         f"episode{'s' * (e > 1)}{kind} and {query} query transitions from other episodes: "
         f"{', '.join(shown)}{more}; expected at least {e} usable episodes per task and at "
         f"least {query} rows outside its {e} longest. Lower {keys}, remove those tasks"
