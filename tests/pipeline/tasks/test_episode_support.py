@@ -24,6 +24,7 @@ from pipeline.tasks.episodes import (
     group_samples,
     plan_episode_samples,
 )
+from pipeline.tasks.options import TaskStream
 from pipeline.tasks.samples import read_task_samples
 from tests.helpers.episode_files import episode_table
 
@@ -219,3 +220,23 @@ def test_episode_support_and_support_are_one_or_the_other(data):
     with pytest.raises(ValueError) as bad:
         EpisodeSupport(0)
     assert str(bad.value) == "EpisodeSupport.episodes must be an int >= 1, got 0"
+
+
+@pytest.mark.timeout(60)
+def test_each_ray_train_rank_builds_its_own_share_of_what_one_learner_sees(data):
+    # A Ray Train worker reads the files itself (read_task_samples) and builds only its own
+    # rank's stream: ranks 0 and 1 with one task each are one learner's meta-batch of two.
+    info, _, _ = data
+    samples = _samples(info, EpisodeSupport(1, window=3))
+    whole, _ = _take(samples, 3, minibatch_size=2)
+    shares = []
+    for rank in (0, 1):
+        [stream] = split_for_learners(
+            TaskStream(samples, ranks=[rank]), 2, minibatch_size=1, seed=3
+        )
+        with stream:
+            shares.append(list(stream.take(3)))
+    for step, meta in enumerate(whole):
+        for part in ("support", "query"):
+            joined = torch.cat([_t(shares[rank][step], part) for rank in (0, 1)])
+            assert torch.equal(joined, _t(meta, part))
