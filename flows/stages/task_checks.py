@@ -189,7 +189,7 @@ def _check_meta_batch(cfg: MetaTrainConfig, where: str, sizes: dict[tuple[str, s
     raise DatasetError(
         f"{where}: its tasks give {samples} samples of {what} per epoch, fewer than one "
         f"meta-batch of tasks.meta_batch = {tasks.meta_batch} samples{each}; lower "
-        f"tasks.meta_batch or {lower}, or add tasks"
+        f"tasks.meta_batch, {lower}, or add tasks"
     )
 
 
