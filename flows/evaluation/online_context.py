@@ -31,6 +31,7 @@ from flows.evaluation.environments import HeldoutEnvs
 from flows.evaluation.rollouts import PolicyActions, roll_out
 from learners.meta.learner import MetaLearner
 from learners.models.factory import build_model
+from pipeline.contract.schema import ObservationLayout
 from pipeline.reads.returns import discounted_returns
 from pipeline.streams.collate import Batch, finalize, gather
 
@@ -84,7 +85,7 @@ def collect_online_context(
     envs: HeldoutEnvs,
     like: Mapping[str, np.ndarray],
     *,
-    obs_layout: Any = None,
+    obs_layout: ObservationLayout | None = None,
 ) -> OnlineContext:
     """Exploration episodes of the unadapted policy in each of ``task_ids`` as support sets
     (module docstring); ``like``: the held-out samples' arrays, whose columns (those recorded
