@@ -184,3 +184,16 @@ def test_a_resumed_run_with_episode_supports_ends_as_an_uninterrupted_one(
     assert resumed.resumed_from is not None
     for name, tensor in straight.learner_state["params"]["default_policy"].items():
         assert torch.equal(tensor, resumed.learner_state["params"]["default_policy"][name]), name
+
+
+def test_too_few_episode_samples_for_a_meta_batch_are_refused(data: Path, tmp_path: Path) -> None:
+    cfg = validate_config(_document(data, tmp_path, "maml", "tasks.meta_batch=19"))
+    train_info = inspect_episodes(data / "train")
+    with pytest.raises(DatasetError) as refused:
+        check_task_sampling(cfg, train_info, inspect_episodes(data / "heldout"))
+    assert str(refused.value) == (
+        f"train dataset {train_info.root}: its tasks give 18 samples of "
+        "tasks.support_episodes = 1 episodes per epoch, fewer than one meta-batch of "
+        "tasks.meta_batch = 19 samples; lower tasks.meta_batch, tasks.support_episodes, or "
+        "add tasks"
+    )
