@@ -88,7 +88,28 @@ class TasksConfig(BaseModel):
 
     model_config = _STRICT
 
-    support: int = Field(10, ge=1, description="K: support transitions per task sample.")
+    support_from: Literal["transitions", "episodes"] = Field(
+        "transitions",
+        description="What a support set is made of: transitions (K drawn at random from the "
+        "task's rows) or episodes (support_episodes episodes of the task, the query set drawn "
+        "from its other episodes; docs/episodes.md).",
+    )
+    support: int = Field(
+        10, ge=1, description="K: support transitions per task sample (support_from: transitions)."
+    )
+    support_episodes: int = Field(
+        1,
+        ge=1,
+        description="E: episodes per support set (support_from: episodes); K = E x the "
+        "episode length, or E x support_window.",
+    )
+    support_window: int | None = Field(
+        None,
+        ge=1,
+        description="W: consecutive steps taken from each support episode (support_from: "
+        "episodes), so that episodes of different lengths stack; null: whole episodes, "
+        "which must all have one length.",
+    )
     query: int = Field(10, ge=1, description="Q: query transitions per task sample (disjoint).")
     meta_batch: int = Field(25, ge=1, description="M: task samples per meta-batch.")
     skip_small_tasks: bool = Field(
@@ -110,6 +131,16 @@ class TasksConfig(BaseModel):
         description="Megabytes the training task samples may take in memory; above it, auto "
         "mode streams them in windows sized to it.",
     )
+
+    @model_validator(mode="after")
+    def _window_of_episodes(self) -> TasksConfig:
+        if self.support_window is not None and self.support_from != "episodes":
+            raise ValueError(
+                f"support_window={self.support_window} takes steps of support episodes; "
+                "support_from is 'transitions': set support_from to episodes or drop "
+                "support_window"
+            )
+        return self
 
 
 class LearnersConfig(MetaConfig):
@@ -249,6 +280,19 @@ class EvaluationConfig(BaseModel):
         5, ge=1, description="Inner steps on the task's support transitions before rollouts."
     )
     seed: int = Field(0, ge=0, description="Seed of the held-out samples and rollout starts.")
+    context: Literal["offline", "online"] = Field(
+        "offline",
+        description="Where a held-out task's support set (its context) comes from: offline, "
+        "the task's recorded data (as tasks.support_from draws it); online, context_episodes "
+        "episodes the unadapted policy runs in the task's environment (evaluation.env), "
+        "recorded as transitions (docs/episodes.md#online-context).",
+    )
+    context_episodes: int = Field(
+        1,
+        ge=1,
+        description="Exploration episodes per held-out task with context: online; each gives "
+        "its first tasks.support_window steps (or all of the shortest episode's length).",
+    )
     env: str | None = Field(
         None,
         description="The held-out tasks' Gymnasium environment, 'package.module:callable', "
@@ -286,6 +330,16 @@ class EvaluationConfig(BaseModel):
         if columns is not None and not columns:
             raise ValueError("expected at least one column, or null for dataset.json 'tasks'")
         return columns
+
+    @model_validator(mode="after")
+    def _online_rolls_out(self) -> EvaluationConfig:
+        if self.context == "online" and self.rollout_episodes == 0:
+            raise ValueError(
+                "context 'online' collects each held-out task's support set in its environment "
+                "and rolls the adapted policy out there, but rollout_episodes is 0: set "
+                "rollout_episodes >= 1 or context to offline"
+            )
+        return self
 
     @field_validator("steps")
     @classmethod

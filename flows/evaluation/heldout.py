@@ -14,7 +14,12 @@ Two measures, both on tasks the learner never trained on:
   draws (``flows.evaluation.trajectories``).
 
 Each held-out task contributes exactly one sample of K support + Q query transitions,
-drawn with ``evaluation.seed``, so every task weighs the same and reruns agree.
+drawn with ``evaluation.seed``, so every task weighs the same and reruns agree. The support
+set (the task's *context*) is of the kind training used (``tasks.support_from``: random
+transitions, or episodes of the task with the query from its other episodes), drawn from the
+held-out task's recorded data; with ``evaluation.context: online`` it is collected instead
+by exploration episodes of the unadapted policy in the task's environment
+(``flows.evaluation.online_context``). ``EvaluationReport.context`` says which.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ from typing import Any
 import numpy as np
 
 from flows.config import MetaTrainConfig
-from flows.evaluation.environments import heldout_envs
+from flows.evaluation.environments import HeldoutEnvs, heldout_envs
+from flows.evaluation.online_context import collect_online_context
 from flows.evaluation.task_rollouts import roll_out_tasks
 from flows.evaluation.trajectories import trajectories_of
+from flows.stages.task_checks import support_options
 from learners.meta.learner import MetaLearner
 from pipeline.reads.episodes import Episodes
 from pipeline.streams.collate import finalize
+from pipeline.tasks.grouping import TaskSamples
 from pipeline.tasks.samples import task_samples
 
 _log = logging.getLogger(__name__)
@@ -69,6 +77,8 @@ class EvaluationReport:
     """Each rolled-out policy's share of episodes that reported success at their last step."""
     episode_length: dict[str, float] | None = None
     """Each rolled-out policy's mean episode length in steps."""
+    context: str = "offline: random transitions"
+    """Which support sets (contexts) the held-out tasks were adapted on, and their size."""
     trajectories: dict[str, Any] | None = field(default=None, repr=False)
     """Episodes on a few goals for ``rollouts.png`` (``flows.evaluation.trajectories``); stored as
     rollouts.json, left out of ``to_dict``."""
@@ -136,7 +146,7 @@ class EvaluationReport:
         """The table as aligned text, with a title line."""
         title = (
             f"held-out evaluation: {self.tasks} tasks, K={self.support} support / "
-            f"Q={self.query} query transitions"
+            f"Q={self.query} query transitions, context {self.context}"
         )
         if self.returns is not None:
             title += f", {self.rollout_episodes} {self.environment} episodes per task"
@@ -190,8 +200,7 @@ def evaluate(
     learner = MetaLearner.from_state(learner_state, device=cfg.training.device)
     samples = task_samples(
         heldout,
-        support=cfg.tasks.support,
-        query=cfg.tasks.query,
+        **support_options(cfg),
         modules_to_update=learner.config.data_modules,
         skip_small_tasks=cfg.tasks.skip_small_tasks,
         gamma=cfg.data.gamma,
@@ -202,16 +211,34 @@ def evaluate(
             f"has modules {list(samples.module_ids)}"
         )
     meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
-    meta_batch = finalize(meta_batch, learner.device, obs_layout=heldout.schema.obs_layout)
+    layout = heldout.schema.obs_layout
+    meta_batch = finalize(meta_batch, learner.device, obs_layout=layout)
+    envs = heldout_envs(cfg, heldout)
+    context = _offline_context(samples)
+    if settings.context == "online":
+        if envs is None:
+            raise ValueError(
+                f"evaluation.context is online, but the held-out dataset {heldout.root} has no "
+                "environment: set evaluation.env, or evaluation.context to offline"
+            )
+        online = collect_online_context(
+            cfg, learner, task_ids, envs, samples.arrays, obs_layout=layout
+        )
+        meta_batch = {"support": online.support, "query": meta_batch["query"]}
+        context = online.describe()
     per_task = learner.evaluate_tasks(meta_batch, steps=settings.steps)
+    (module,) = samples.module_ids
     report = EvaluationReport(
         tasks=len(task_ids),
-        support=cfg.tasks.support,
+        support=int(meta_batch["support"][module]["rewards"].shape[1]),
         query=cfg.tasks.query,
+        context=context,
         query_loss={steps: float(losses.mean()) for steps, losses in per_task.items()},
         task_ids=tuple(task_ids),
         query_loss_per_task={steps: losses.tolist() for steps, losses in per_task.items()},
-        **_rollout_fields(cfg, learner, meta_batch, task_ids, samples.arrays["rewards"], heldout),
+        **_rollout_fields(
+            cfg, learner, meta_batch, task_ids, samples.arrays["rewards"], heldout, envs
+        ),
     )
     # One line: `offmeta run` prints the whole table once, after the run.
     logger.info("%s", report.summary())
@@ -225,9 +252,9 @@ def _rollout_fields(
     task_ids: Sequence[str],
     rewards: np.ndarray,
     heldout: Episodes,
+    envs: HeldoutEnvs | None,
 ) -> dict[str, Any]:
     """The report's rollout fields; none without an environment to roll out in."""
-    envs = heldout_envs(cfg, heldout)
     if envs is None:
         return {}
     settings = cfg.evaluation
@@ -249,6 +276,19 @@ def _rollout_fields(
         "episode_length": {policy: s.mean_length for policy, s in stats.items()},
         "trajectories": trajectories_of(rollouts, settings, heldout),
     }
+
+
+def _offline_context(samples: TaskSamples) -> str:
+    """The recorded support sets' kind, for the report."""
+    episodes = samples.episodes
+    if episodes is None:
+        return f"offline: {samples.support} random transitions per task"
+    steps = samples.support // episodes.episodes
+    if episodes.window is None:
+        kind = f"{episodes.episodes} whole recorded episode(s) of {steps} steps"
+    else:
+        kind = f"{steps}-step windows of {episodes.episodes} recorded episode(s)"
+    return f"offline: {kind} per task, query from its other episodes"
 
 
 def _behavior_return(rewards: np.ndarray, episodes: int) -> float:

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -28,6 +29,13 @@ from flows.evaluation.environments import heldout_envs
 from pipeline.contract.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
 from pipeline.io.arrow_columns import decoded
 from pipeline.reads.episodes import DatasetInfo
+from pipeline.tasks.episodes import (
+    EpisodeSupport,
+    check_episode_sizes,
+    episode_lengths,
+    episode_steps,
+    task_samples_of,
+)
 
 _LISTED = 5
 _SIZE = "tasks.support + tasks.query"
@@ -37,12 +45,63 @@ def check_task_sampling(cfg: MetaTrainConfig, train: DatasetInfo, heldout: Datas
     """Refuse, with ``DatasetError`` naming the dataset and the config keys, what the train
     and evaluation stages would refuse of ``train`` and ``heldout`` under ``cfg``."""
     modules = cfg.learners.data_modules
-    sizes = _group_sizes(train, modules)
-    _check_sizes(cfg, f"train dataset {train.root}", sizes)
-    _check_meta_batch(cfg, f"train dataset {train.root}", sizes)
+    episodes = episode_support(cfg)
+    if episodes is None:
+        sizes = _group_sizes(train, modules)
+        _check_sizes(cfg, f"train dataset {train.root}", sizes)
+        _check_meta_batch(cfg, f"train dataset {train.root}", sizes)
+        _check_sizes(cfg, f"held-out dataset {heldout.root}", _group_sizes(heldout, modules))
+    else:
+        lengths = episode_lengths(train, modules)
+        samples = _check_episodes(cfg, episodes, f"train dataset {train.root}", lengths)
+        _check_meta_batch(cfg, f"train dataset {train.root}", samples)
+        where = f"held-out dataset {heldout.root}"
+        _check_episodes(cfg, episodes, where, episode_lengths(heldout, modules))
     _check_windows(cfg, train)
-    _check_sizes(cfg, f"held-out dataset {heldout.root}", _group_sizes(heldout, modules))
     _check_evaluation(cfg, heldout)
+
+
+def episode_support(cfg: MetaTrainConfig) -> EpisodeSupport | None:
+    """The support sets of episodes ``cfg.tasks`` asks for (None: of transitions)."""
+    tasks = cfg.tasks
+    if tasks.support_from != "episodes":
+        return None
+    return EpisodeSupport(tasks.support_episodes, window=tasks.support_window)
+
+
+def support_options(cfg: MetaTrainConfig) -> dict[str, Any]:
+    """The ``task_samples`` keywords of what a support set is (training and held-out)."""
+    episodes = episode_support(cfg)
+    if episodes is None:
+        return {"support": cfg.tasks.support, "query": cfg.tasks.query}
+    return {"episode_support": episodes, "query": cfg.tasks.query}
+
+
+def _check_episodes(
+    cfg: MetaTrainConfig,
+    episodes: EpisodeSupport,
+    where: str,
+    lengths: dict[tuple[str, str], np.ndarray],
+) -> dict[tuple[str, str], int]:
+    """Episode support sets: one episode length (whole episodes) and enough episodes per
+    task; the samples each task gives per epoch."""
+    if not lengths:
+        return {}  # no rows of the modules read: flows.stages.datasets says so
+    tasks = cfg.tasks
+    keys = "tasks.support_episodes or tasks.query"
+    if episodes.window is not None:
+        keys = "tasks.support_episodes, tasks.support_window or tasks.query"
+    episode_steps(episodes, np.concatenate(list(lengths.values())), where)
+    check_episode_sizes(
+        episodes,
+        lengths,
+        tasks.query,
+        skip_small_tasks=tasks.skip_small_tasks,
+        where=where,
+        keys=keys,
+        skip="tasks.skip_small_tasks: true",
+    )
+    return {key: task_samples_of(episodes, found, tasks.query)[0] for key, found in lengths.items()}
 
 
 def _group_sizes(info: DatasetInfo, modules: list[str]) -> dict[tuple[str, str], int]:
@@ -112,18 +171,25 @@ def _check_sizes(cfg: MetaTrainConfig, where: str, sizes: dict[tuple[str, str], 
 
 def _check_meta_batch(cfg: MetaTrainConfig, where: str, sizes: dict[tuple[str, str], int]) -> None:
     """Enough samples per epoch for one meta-batch per learner (exact for in-memory samples;
-    streamed windows can fall short of it even so)."""
+    streamed windows can fall short of it even so). ``sizes``: each task's transitions, or,
+    for support sets of episodes, its samples."""
     tasks = cfg.tasks
     size = tasks.support + tasks.query
-    samples = sum(count // size for count in sizes.values())
+    if episode_support(cfg) is None:
+        samples = sum(count // size for count in sizes.values())
+        what, lower = f"{_SIZE} = {size} transitions", "tasks.support or tasks.query"
+    else:
+        samples = sum(sizes.values())
+        what = f"tasks.support_episodes = {tasks.support_episodes} episodes"
+        lower = "tasks.support_episodes"
     learners = max(1, cfg.learners.num_learners)
     if samples >= tasks.meta_batch * learners:
         return
     each = f" for each of {learners} learners (learners.num_learners)" if learners > 1 else ""
     raise DatasetError(
-        f"{where}: its tasks give {samples} samples of {_SIZE} = {size} transitions per epoch, "
-        f"fewer than one meta-batch of tasks.meta_batch = {tasks.meta_batch} samples{each}; "
-        "lower tasks.meta_batch, tasks.support or tasks.query, or add tasks"
+        f"{where}: its tasks give {samples} samples of {what} per epoch, fewer than one "
+        f"meta-batch of tasks.meta_batch = {tasks.meta_batch} samples{each}; lower "
+        f"tasks.meta_batch, {lower}, or add tasks"
     )
 
 
@@ -132,8 +198,7 @@ def sampling_options(cfg: MetaTrainConfig) -> dict[str, Any]:
     plan these checks make of it)."""
     tasks = cfg.tasks
     return {
-        "support": tasks.support,
-        "query": tasks.query,
+        **support_options(cfg),
         "modules_to_update": cfg.learners.data_modules,
         "skip_small_tasks": tasks.skip_small_tasks,
         "gamma": cfg.data.gamma,
@@ -172,4 +237,10 @@ def _check_evaluation(cfg: MetaTrainConfig, heldout: DatasetInfo) -> None:
             f"trains on the rows of modules {modules}; expected one (learners.modules_to_update "
             "names the modules to train)"
         )
-    heldout_envs(cfg, heldout)
+    envs = heldout_envs(cfg, heldout)
+    if envs is None and cfg.evaluation.context == "online":
+        raise DatasetError(
+            f"held-out dataset {heldout.root}: evaluation.context is online (exploration "
+            "episodes in each held-out task's environment), but it has no environment: set "
+            "evaluation.env to its env factory, or evaluation.context to offline"
+        )

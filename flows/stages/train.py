@@ -121,11 +121,15 @@ def build_task_samples(
     cfg: MetaTrainConfig, data: Episodes, logger: logging.Logger | logging.LoggerAdapter
 ) -> TaskSamples | TaskWindows:
     """The training task samples ``cfg.tasks`` asks for, summarised in the log (with a
-    warning when tasks smaller than K + Q were left out)."""
+    warning when tasks too small for one sample were left out: fewer than K + Q
+    transitions, or too few episodes for support sets of episodes)."""
     samples = task_samples(data, **sampling_options(cfg))
     logger.info("task samples: %s", samples.summary())
     if samples.skipped_tasks:
-        logger.warning("left out %d tasks smaller than K + Q", len(samples.skipped_tasks))
+        logger.warning(
+            "left out %d tasks too small for one task sample (tasks.skip_small_tasks)",
+            len(samples.skipped_tasks),
+        )
     return samples
 
 

@@ -149,7 +149,7 @@ class TaskFeed:
     def deals(self, epoch: int, skip: int) -> Iterator[Deal]:
         rows, modules = self._samples.epoch_plan(self._seed + epoch)
         yield from self._batches.deals(self._take, rows, modules, skip)
-        size = self._samples.support + self._samples.query
+        size = self._samples.rows_per_sample
         used = len(rows) // self._batches.step * self._batches.step * size
         # Transitions no learner gets this epoch: leftover samples, task remainders.
         yield self._batches.end(int(self._samples.group_offsets[-1]) - used)
@@ -252,7 +252,7 @@ class TaskWindowFeed:
             self._hold(window, carry)
             del window
             self._hold(None, carry)
-        size = self._windows.support + self._windows.query
+        size = self._windows.rows_per_sample
         used = sum(pool.steps for pool in pools) * self._batches.step * size
         held = sum(window.held_rows for window in self._windows.windows)
         # Transitions no learner gets this epoch: task remainders, each pool's leftover.

@@ -42,6 +42,14 @@ from pipeline.contract.schema import (
 from pipeline.io.arrow_columns import decoded
 from pipeline.reads.returns import INPUT_COLUMNS, returns_columns
 from pipeline.streams.columns import column_array
+from pipeline.tasks.episodes import (
+    EpisodeRows,
+    EpisodeSupport,
+    episode_rows,
+    episode_steps,
+    group_samples,
+    plan_episode_samples,
+)
 
 if TYPE_CHECKING:
     from pipeline.streams.collate import Batch
@@ -76,14 +84,24 @@ class TaskSamples:
     obs_layout: ObservationLayout | None = None
     """Axis order of uint8 image observations (``EpisodeSchema.obs_layout``), which
     finalize turns into float ``[C, H, W]``; ``None`` for float observations."""
+    episodes: EpisodeSupport | None = None
+    """Support sets of episodes (``pipeline.tasks.episodes``); None: of K transitions."""
+    episode_rows: EpisodeRows | None = field(default=None, repr=False)
+    """Where each episode's rows are (with ``episodes``)."""
 
     @property
     def samples_per_epoch(self) -> int:
         return int(self.group_samples.sum())
 
+    @property
+    def rows_per_sample(self) -> int:
+        """Rows a sample takes for itself in an epoch: K + Q, or, with episode support
+        sets, K (query rows are drawn from the other episodes, which other samples use)."""
+        return self.support if self.episodes is not None else self.support + self.query
+
     def summary(self) -> dict[str, Any]:
-        """Plain-JSON description for logs."""
-        size = self.support + self.query
+        """Plain-JSON description for logs (with episode support sets, unused rows are
+        those in no support set)."""
         counts = np.diff(self.group_offsets)
         return {
             "mode": "memory",
@@ -93,13 +111,20 @@ class TaskSamples:
             "modules": list(self.module_ids),
             "rows": int(self.group_offsets[-1]),
             "samples_per_epoch": self.samples_per_epoch,
-            "unused_rows_per_epoch": int((counts - self.group_samples * size).sum()),
+            "unused_rows_per_epoch": int(
+                (counts - self.group_samples * self.rows_per_sample).sum()
+            ),
             "skipped_tasks": len(self.skipped_tasks),
+            **(self.episodes.describe() if self.episodes is not None else {}),
         }
 
     def epoch_plan(self, seed: int | np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray]:
         """Row indices ``[samples, K + Q]`` and module index ``[samples]`` of one epoch."""
         rng = np.random.default_rng(seed)
+        if self.episodes is not None:
+            rows, sample_group = self._episode_plan(rng)
+            order = rng.permutation(len(rows))
+            return rows[order], self.group_modules[sample_group[order]]
         size = self.support + self.query
         counts = np.diff(self.group_offsets)
         row_group = np.repeat(np.arange(len(counts)), counts)
@@ -128,13 +153,21 @@ class TaskSamples:
         groups = np.flatnonzero(self.group_samples > 0)
         rng = np.random.default_rng(seed)
         chosen = np.sort(rng.choice(len(groups), size=min(num_tasks, len(groups)), replace=False))
-        size = self.support + self.query
-        rows = np.stack(
-            [
-                rng.choice(np.arange(self.group_offsets[g], self.group_offsets[g + 1]), size, False)
-                for g in groups[chosen]
-            ]
-        )
+        if self.episodes is not None:
+            # The first sample of each chosen task in an epoch planned from the same seed.
+            planned, _ = self._episode_plan(rng)
+            first = np.cumsum(self.group_samples) - self.group_samples
+            rows = planned[first[groups[chosen]]]
+        else:
+            size = self.support + self.query
+            rows = np.stack(
+                [
+                    rng.choice(
+                        np.arange(self.group_offsets[g], self.group_offsets[g + 1]), size, False
+                    )
+                    for g in groups[chosen]
+                ]
+            )
         # Tensors only from here: planning and checking task samples import no torch.
         from pipeline.streams.collate import gather
 
@@ -147,6 +180,19 @@ class TaskSamples:
             )
         }
         return meta_batch, [self.task_ids[i] for i in chosen]
+
+    def _episode_plan(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        assert self.episodes is not None and self.episode_rows is not None
+        steps = self.support // self.episodes.episodes
+        return plan_episode_samples(
+            rng,
+            self.episodes,
+            steps,
+            self.query,
+            self.episode_rows,
+            self.group_offsets,
+            self.group_samples,
+        )
 
 
 class RowGroups(NamedTuple):
@@ -206,12 +252,24 @@ def grouped_samples(
     skipped_tasks: dict[str, int],
     fingerprint: str | None,
     obs_layout: ObservationLayout | None = None,
+    episodes: EpisodeSupport | None = None,
+    steps: int | None = None,
 ) -> TaskSamples:
     """``TaskSamples`` of a table sorted by ``sort_by_task`` whose groups are ``groups``:
-    its ``stored`` columns, then the ``derived`` ones computed with ``gamma``."""
-    size = support + query
+    its ``stored`` columns, then the ``derived`` ones computed with ``gamma``. With
+    ``episodes``, support sets of episodes: ``support`` is ignored for K = E * ``steps``
+    (each support episode's steps; None: from the episodes, ``episode_steps``)."""
     counts = np.diff(groups.offsets)
-    small = counts < size
+    rows_of_episodes = None
+    if episodes is not None:
+        rows_of_episodes = episode_rows(table.column("eps_id"), groups.offsets)
+        if steps is None:
+            steps = episode_steps(episodes, rows_of_episodes.lengths, "task_samples")
+        support = episodes.episodes * steps
+        samples, _ = group_samples(episodes, rows_of_episodes, counts, query)
+    else:
+        samples = counts // (support + query)
+    small = samples == 0
     arrays = {name: column_array(table, name) for name in stored}
     if derived:
         assert gamma is not None  # split_derived refuses derived columns without it
@@ -229,8 +287,10 @@ def grouped_samples(
         arrays=arrays,
         group_offsets=groups.offsets,
         group_modules=np.array([module_ids.index(m) for m in groups.modules], dtype=np.int64),
-        group_samples=np.where(small, 0, counts // size),
+        group_samples=samples,
         obs_layout=obs_layout,
+        episodes=episodes,
+        episode_rows=rows_of_episodes,
     )
 
 

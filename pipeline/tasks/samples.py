@@ -24,6 +24,7 @@ from pipeline.contract.value_checks import check_read_values
 from pipeline.reads.episodes import DatasetInfo, Episodes, canonical_table
 from pipeline.reads.returns import split_derived
 from pipeline.streams.selection import check_modules, resolve_columns
+from pipeline.tasks.episodes import EpisodeSupport, check_episode_sizes, episode_rows
 from pipeline.tasks.grouping import (
     TaskSamples,
     check_task_sizes,
@@ -46,7 +47,7 @@ SortedRead = Callable[[Any, tuple[str, ...], frozenset[str] | None], pa.Table]
 def task_samples(
     episodes: Episodes | DatasetInfo,
     *,
-    support: int,
+    support: int | None = None,
     query: int,
     columns: Sequence[str] | None = None,
     modules_to_update: Collection[str] | None = None,
@@ -54,6 +55,7 @@ def task_samples(
     mode: str = "auto",
     memory_budget_mb: float | None = None,
     gamma: float | None = None,
+    episode_support: EpisodeSupport | None = None,
 ) -> TaskSamples | TaskWindows:
     """Per-task groups of ``episodes`` for K-support/Q-query sampling.
 
@@ -75,6 +77,12 @@ def task_samples(
     ``off``), the rows read are refused if a float column holds NaN or inf
     (``pipeline.contract.value_checks.check_read_values``): in memory once, streamed once per
     window.
+
+    With ``episode_support`` (``EpisodeSupport(E, window=W)``) a support set is E episodes
+    of the task (whole, or W consecutive steps of each) and the query set Q transitions of
+    its other episodes; ``support`` is then not given: K = E * steps
+    (``pipeline.tasks.episodes``). A task with too few episodes is refused, or skipped with
+    ``skip_small_tasks``.
     """
     reader = _read_sorted if isinstance(episodes, Episodes) else None
     return _sampled(
@@ -88,6 +96,7 @@ def task_samples(
         mode=mode,
         memory_budget_mb=memory_budget_mb,
         gamma=gamma,
+        episode_support=episode_support,
     )
 
 
@@ -103,7 +112,7 @@ def _sampled(
     episodes: Episodes | DatasetInfo,
     reader: SortedRead | None,
     *,
-    support: int,
+    support: int | None = None,
     query: int,
     columns: Sequence[str] | None = None,
     modules_to_update: Collection[str] | None = None,
@@ -111,8 +120,17 @@ def _sampled(
     mode: str = "auto",
     memory_budget_mb: float | None = None,
     gamma: float | None = None,
+    episode_support: EpisodeSupport | None = None,
 ) -> TaskSamples | TaskWindows:
-    for name, value in (("support", support), ("query", query)):
+    if episode_support is not None and support is not None:
+        raise ValueError(
+            f"support={support!r} counts transitions, episode_support={episode_support!r} "
+            "episodes: pass one of the two"
+        )
+    sizes = (
+        {"query": query} if episode_support is not None else {"support": support, "query": query}
+    )
+    for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if mode not in _MODES:
@@ -141,6 +159,7 @@ def _sampled(
             memory_budget_mb=memory_budget_mb,
             derived=derived,
             gamma=gamma,
+            episode_support=episode_support,
         )
     if reader is None:
         raise TypeError(
@@ -155,14 +174,30 @@ def _sampled(
     if table.num_rows == 0:
         raise DatasetError(no_rows_message(modules))
     groups = group_rows(table)
-    counts = np.diff(groups.offsets)
-    skipped = check_task_sizes(
-        groups.tasks, groups.modules, counts, support, query, skip_small_tasks
-    )
+    if episode_support is not None:
+        found = episode_rows(table.column("eps_id"), groups.offsets)
+        lengths = {
+            (module, task): found.lengths[found.group == g]
+            for g, (module, task) in enumerate(zip(groups.modules, groups.tasks, strict=True))
+        }
+        skipped = check_episode_sizes(
+            episode_support,
+            lengths,
+            query,
+            skip_small_tasks=skip_small_tasks,
+            where="task_samples",
+            keys="episode_support or query",
+            skip="skip_small_tasks=True",
+        )
+    else:
+        counts = np.diff(groups.offsets)
+        skipped = check_task_sizes(
+            groups.tasks, groups.modules, counts, support, query, skip_small_tasks
+        )
     return grouped_samples(
         table,
         groups,
-        support=support,
+        support=support or 0,
         query=query,
         stored=chosen,
         derived=derived,
@@ -171,6 +206,7 @@ def _sampled(
         skipped_tasks=skipped,
         fingerprint=getattr(episodes, "fingerprint", None),
         obs_layout=episodes.schema.obs_layout,
+        episodes=episode_support,
     )
 
 

@@ -34,6 +34,13 @@ import pyarrow.parquet as pq
 from pipeline.contract.schema import DatasetError, EpisodeSchema
 from pipeline.contract.value_checks import ValueFacts, check_read_values
 from pipeline.reads.episodes import DatasetInfo
+from pipeline.tasks.episodes import (
+    EpisodeSupport,
+    check_episode_sizes,
+    episode_lengths,
+    episode_steps,
+    task_samples_of,
+)
 from pipeline.tasks.grouping import (
     TaskSamples,
     check_task_sizes,
@@ -97,10 +104,17 @@ class TaskWindows:
     values: ValueFacts | None = None
     """What validation checked of the values; unless it scanned every row, each window read
     is checked (``pipeline.contract.value_checks.check_read_values``)."""
+    episodes: EpisodeSupport | None = None
+    """Support sets of episodes (``pipeline.tasks.episodes``); None: of K transitions."""
 
     @property
     def samples_per_epoch(self) -> int:
         return sum(window.samples for window in self.windows)
+
+    @property
+    def rows_per_sample(self) -> int:
+        """As ``TaskSamples.rows_per_sample``."""
+        return self.support if self.episodes is not None else self.support + self.query
 
     @property
     def held_rows_limit(self) -> int:
@@ -119,11 +133,12 @@ class TaskWindows:
             "modules": list(self.module_ids),
             "rows": rows,
             "samples_per_epoch": self.samples_per_epoch,
-            "unused_rows_per_epoch": rows - self.samples_per_epoch * (self.support + self.query),
+            "unused_rows_per_epoch": rows - self.samples_per_epoch * self.rows_per_sample,
             "skipped_tasks": len(self.skipped_tasks),
             "windows": len(self.windows),
             "window_rows": self.window_rows,
             "memory_budget_mb": self.memory_budget_mb,
+            **(self.episodes.describe() if self.episodes is not None else {}),
         }
 
     def read_window(self, index: int) -> TaskSamples:
@@ -148,6 +163,8 @@ class TaskWindows:
             skipped_tasks={},
             fingerprint=self.fingerprint,
             obs_layout=self.schema.obs_layout,
+            episodes=self.episodes,
+            steps=None if self.episodes is None else self.support // self.episodes.episodes,
         )
 
     def _read_rows(self, window: Window) -> pa.Table:
@@ -186,7 +203,7 @@ def estimated_bytes(info: DatasetInfo, columns: tuple[str, ...]) -> int:
 def plan_task_windows(
     info: DatasetInfo,
     *,
-    support: int,
+    support: int | None,
     query: int,
     columns: tuple[str, ...],
     modules: frozenset[str] | None,
@@ -194,9 +211,12 @@ def plan_task_windows(
     memory_budget_mb: float,
     derived: tuple[str, ...] = (),
     gamma: float | None = None,
+    episode_support: EpisodeSupport | None = None,
 ) -> TaskWindows:
     """Plan the windows of ``info``'s tasks for ``memory_budget_mb`` (see the module);
-    ``columns`` are stored ones, ``derived`` are computed per window with ``gamma``."""
+    ``columns`` are stored ones, ``derived`` are computed per window with ``gamma``. With
+    ``episode_support`` the episodes' lengths come from the id columns (read a row group at
+    a time), so that each window's samples are known before it is read."""
     schema = info.schema
     row_bytes = _row_bytes(info, read_names(schema, with_inputs(columns, derived)))
     row_bytes += _DERIVED_BYTES * len(derived)
@@ -213,12 +233,33 @@ def plan_task_windows(
     group_modules = [module for module, _, _ in groups]
     group_tasks = [task for _, task, _ in groups]
     counts = np.array([count for _, _, count in groups])
-    skipped = check_task_sizes(group_tasks, group_modules, counts, support, query, skip_small_tasks)
-    size = support + query
+    if episode_support is None:
+        skipped = check_task_sizes(
+            group_tasks, group_modules, counts, support, query, skip_small_tasks
+        )
+        size = support + query
+        samples_of = {(m, t): c // size for m, t, c in groups}
+    else:
+        lengths = episode_lengths(info, modules)
+        skipped = check_episode_sizes(
+            episode_support,
+            lengths,
+            query,
+            skip_small_tasks=skip_small_tasks,
+            where="task_samples",
+            keys="episode_support or query",
+            skip="skip_small_tasks=True",
+        )
+        support = episode_support.episodes * episode_steps(
+            episode_support, np.concatenate(list(lengths.values())), "task_samples"
+        )
+        samples_of = {
+            key: task_samples_of(episode_support, found, query)[0] for key, found in lengths.items()
+        }
     windows = []
     for chunk in _pack(spans, window_rows, row_bytes, memory_budget_mb):
         kept = [
-            count
+            (module, span.task, count)
             for span in chunk
             for module, count in span.counts.items()
             if modules is None or module in modules
@@ -228,15 +269,15 @@ def plan_task_windows(
                 task_ids=tuple(span.task for span in chunk),
                 pieces=_merged([piece for span in chunk for piece in span.pieces]),
                 rows=sum(span.rows for span in chunk),
-                held_rows=sum(kept),
-                samples=sum(count // size for count in kept if count >= size),
+                held_rows=sum(count for _, _, count in kept),
+                samples=sum(samples_of[(module, task)] for module, task, _ in kept),
             )
         )
     return TaskWindows(
         support=support,
         query=query,
         columns=(*columns, *derived),
-        task_ids=tuple(sorted({t for t, c in zip(group_tasks, counts, strict=True) if c >= size})),
+        task_ids=tuple(sorted({t for m, t, _ in groups if samples_of[(m, t)] > 0})),
         module_ids=tuple(sorted(set(group_modules))),
         skipped_tasks=skipped,
         fingerprint=getattr(info, "fingerprint", None),
@@ -250,6 +291,7 @@ def plan_task_windows(
         derived=derived,
         gamma=gamma,
         values=info.values,
+        episodes=episode_support,
     )
 
 
