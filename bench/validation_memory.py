@@ -19,6 +19,14 @@ the flags: 12.25 bytes a row), since the files are mostly compressed constants.
 
 Run: ``.venv/bin/python bench/validation_memory.py [SMALL_ROWS LARGE_ROWS]`` (default
 1,000,000 and 16,000,000; records are written only for the default sizes).
+
+``bench/validation_memory.py validate [ROWS ...]`` measures what a user runs instead:
+``offmeta data validate --validation-memory-mb 200`` (every check, values in full) in a fresh
+subprocess on 1M, 8M and 16M rows (the default) of 16 random floats of ``obs`` and
+``new_obs``, string episode ids (``ep-N``) and a task column (5 episodes a task): string ids
+take the bounded checks' two sorts, and at 1M rows the checks run in memory. Peak RSS of 8M
+and 16M against 1M, target <= 1.1: memory within the budget plus a constant, whatever the
+rows. Records only for the default sizes.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ EPISODE_STEPS = 200
 FILE_ROWS = 1_000_000
 ROW_GROUP_ROWS = 65_536
 OBS_FLOATS = 4
+VALIDATE_MB = 200
+VALIDATE_SIZES = (1_000_000, 8_000_000, 16_000_000)
 BOUNDED_MB = 64.0
 IN_MEMORY_MB = 4096.0
 LAYOUTS = ("in-order", "shuffled")
@@ -55,9 +65,28 @@ print(json.dumps({"seconds": seconds, "peak_mb": peak_kb / 1024, "episodes": inf
 """
 
 
-def write_dataset(directory: Path, rows: int, *, shuffled: bool, seed: int = 0) -> float:
+_VALIDATE_CHILD = """
+import sys
+from flows.cli import main
+code = main(["data", "validate", "--validation-memory-mb", sys.argv[2], sys.argv[1]])
+status = open("/proc/self/status").read().split("\\n")
+peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+print(code, peak_kb / 1024)
+"""
+
+
+def write_dataset(
+    directory: Path,
+    rows: int,
+    *,
+    shuffled: bool,
+    seed: int = 0,
+    obs_floats: int = OBS_FLOATS,
+    string_ids: bool = False,
+) -> float:
     """``rows`` valid transitions in files of ``FILE_ROWS``; returns the MB of their id
-    columns in Arrow (what the id checks read and decode)."""
+    columns in Arrow (what the id checks read and decode). ``string_ids``: ``eps_id``
+    ``ep-N``, a ``task_id`` of 5 episodes each and random observations (else constants)."""
     rng = np.random.default_rng(seed)
     directory.mkdir(parents=True)
     id_bytes = 0
@@ -67,19 +96,29 @@ def write_dataset(directory: Path, rows: int, *, shuffled: bool, seed: int = 0) 
             index = rng.permutation(index)
         step = index % EPISODE_STEPS
         n = len(index)
-        zeros = np.zeros((n, OBS_FLOATS), np.float32)
+        episodes = index // EPISODE_STEPS
+        if string_ids:
+            obs = rng.standard_normal((n, obs_floats), np.float32)
+            new_obs = rng.standard_normal((n, obs_floats), np.float32)
+            eps_id = pa.array(np.char.add("ep-", episodes.astype(str)))
+        else:
+            obs = new_obs = np.zeros((n, obs_floats), np.float32)
+            eps_id = pa.array(episodes, pa.int64())
         table = pa.table(
             {
-                "eps_id": pa.array(index // EPISODE_STEPS, pa.int64()),
+                "eps_id": eps_id,
                 "t": pa.array(step, pa.int32()),
-                "obs": pa.FixedShapeTensorArray.from_numpy_ndarray(zeros),
+                "obs": pa.FixedShapeTensorArray.from_numpy_ndarray(obs),
                 "actions": pa.array(np.zeros(n, np.int64)),
                 "rewards": pa.array(np.zeros(n, np.float32)),
                 "terminateds": pa.array(step == EPISODE_STEPS - 1),
                 "truncateds": pa.array(np.zeros(n, bool)),
-                "new_obs": pa.FixedShapeTensorArray.from_numpy_ndarray(zeros),
+                "new_obs": pa.FixedShapeTensorArray.from_numpy_ndarray(new_obs),
             }
         )
+        if string_ids:
+            tasks = np.char.add("task-", (episodes // 5).astype(str))
+            table = table.append_column("task_id", pa.array(tasks).dictionary_encode())
         pq.write_table(
             table,
             directory / f"part-{part:05d}.parquet",
@@ -178,6 +217,55 @@ def write_records(figures: dict[str, Any], sizes: tuple[int, int]) -> None:
         )
 
 
+def measure_validate(sizes: tuple[int, ...]) -> dict[int, float]:
+    """Peak RSS (MB) of ``offmeta data validate`` at ``VALIDATE_MB`` for each size."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    peaks = {}
+    for rows in sizes:
+        with tempfile.TemporaryDirectory(prefix="offmeta-validation-memory-") as tmp:
+            directory = Path(tmp) / "dataset"
+            write_dataset(directory, rows, shuffled=False, obs_floats=16, string_ids=True)
+            done = subprocess.run(
+                [sys.executable, "-c", _VALIDATE_CHILD, str(directory), str(VALIDATE_MB)],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=root,
+                env=env,
+            )
+        code, peak = done.stdout.strip().splitlines()[-1].split()
+        assert code == "0", done.stderr
+        peaks[rows] = float(peak)
+        print(
+            f"offmeta data validate --validation-memory-mb {VALIDATE_MB}, {rows:>11,} rows: "
+            f"peak {peaks[rows]:7.1f} MB, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    return peaks
+
+
+def write_validate_records(peaks: dict[int, float]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.records import Baseline, write_record
+
+    small, *larger = VALIDATE_SIZES
+    for number, rows in enumerate(larger, start=2 * len(LAYOUTS) + 1):
+        write_record(
+            "validation_memory",
+            f"{number}-validate-peak-rss-{rows // 1_000_000}m",
+            f"peak RSS of offmeta data validate --validation-memory-mb {VALIDATE_MB} on "
+            f"{rows:,} rows (16-float obs, string eps_id, task_id, values in full), MB "
+            "(fresh subprocess, VmHWM)",
+            peaks[rows],
+            "MB",
+            baseline=Baseline(f"the same on {small:,} rows, MB", peaks[small]),
+            target="<= 1.1",
+            shape={"rows": list(VALIDATE_SIZES), "budget_mb": VALIDATE_MB, "obs_floats": 16},
+            details={"peak_mb": {str(r): p for r, p in peaks.items()}},
+        )
+
+
 def main(sizes: tuple[int, int]) -> None:
     figures = measure(sizes)
     for layout in LAYOUTS:
@@ -190,5 +278,15 @@ def main(sizes: tuple[int, int]) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["validate"]:
+        chosen = tuple(int(a) for a in sys.argv[2:]) or VALIDATE_SIZES
+        measured = measure_validate(chosen)
+        for rows in chosen[1:]:
+            print(
+                f"peak {rows:,} / {chosen[0]:,} rows = {measured[rows] / measured[chosen[0]]:.2f}"
+            )
+        if chosen == VALIDATE_SIZES:
+            write_validate_records(measured)
+        sys.exit(0)
     given = tuple(int(a) for a in sys.argv[1:3])
     main((given[0], given[1]) if len(given) == 2 else DEFAULT_SIZES)

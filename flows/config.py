@@ -70,7 +70,8 @@ class DataConfig(BaseModel):
         VALIDATION_MEMORY_MB,
         gt=0,
         description="Memory the id checks of validation may use (duplicates, gaps, end flags, "
-        "task changes). Datasets whose rows times 80 bytes fit are checked in memory; larger "
+        "task changes). Datasets whose rows times 80 bytes (160 for string eps_id) fit are "
+        "checked in memory; larger "
         "ones are sorted on disk in a temporary directory, in about this much memory whatever "
         "their size (see docs/data-contract.md#memory).",
     )

@@ -107,9 +107,20 @@ def _file_facts(resolved: ResolvedSource, column_map: Mapping[str, str], path: s
             f"{path}: not a readable Parquet file ({reason}); expected a complete Parquet "
             "file (was it truncated while being written, or is it another format?)"
         ) from None
+    _refuse_repeated_names(path, schema.names)
     types = _canonical_types(path, schema, column_map)
     maybe_null = _maybe_null(metadata, schema, column_map)
     return FileFacts(path, metadata.num_rows, types, maybe_null, metadata.num_row_groups)
+
+
+def _refuse_repeated_names(path: str, names: list[str]) -> None:
+    """Parquet allows two columns of one name; every read by name would pick one of them."""
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:
+        raise DatasetError(
+            f"{path}: column {repeated!r} appears {names.count(repeated)} times; expected "
+            "each column name once. Fix: rename or drop the repeated columns"
+        )
 
 
 def check_nulls(

@@ -1,16 +1,19 @@
-"""Check the numbers: no NaN or inf in the float columns, discrete actions inside the
-declared ``action_space``; float actions outside a declared box are counted, not refused.
+"""Check the numbers: no NaN or inf in the float columns, discrete actions never negative
+(they are indices) and inside the declared ``action_space``; float actions outside a
+declared box are counted, not refused.
 uint8 image observations cannot hold NaN or inf, so they are not read.
 
 A NaN reward silently poisons every return and every weight computed from it, and an
-action index ``>= n`` fails deep inside a loss, so both are refused here, naming the file,
+action index ``< 0`` or ``>= n`` fails deep inside a loss (or, negative, silently indexes
+from the end), so both are refused here, naming the file,
 the column, how many rows and the first one. Recorders often store a continuous action
 before the environment clips it, so a box's ``low``/``high`` only draws a warning.
 
 Footer statistics decide only where they are conclusive. pyarrow (checked with 26.0) leaves
 NaN out of a float column's min/max and counts no NaN (a row group of NaN only has no
 min/max), so statistics never clear a float column: those are scanned. An int64
-``actions`` row group whose min and max lie in ``[0, n)`` is cleared without reading it.
+``actions`` row group whose min and max lie in ``[0, n)`` (``>= 0`` without a declared
+``n``) is cleared without reading it.
 
 The scan reads file by file, row group by row group, only the value columns, and checks the
 flat float32 storage of each tensor column with numpy: memory stays at one row group's value
@@ -20,8 +23,8 @@ row group in ``SAMPLE_EVERY``, counted across the dataset in file order from the
 
 When that scan did not cover every row (``sample``, ``off``), the reads that feed training
 check what they read (``check_read_values``): one vectorised pass over the float columns of
-each table read, and over discrete actions against a declared ``action_space.n`` (their
-minimum and maximum), and only when it finds a NaN, an inf or an action out of range are
+each table read, and over discrete actions (their minimum and maximum, against 0 and a
+declared ``action_space.n``), and only when it finds a NaN, an inf or an action out of range are
 the files read scanned again, as ``full`` would have, for the message validation gives.
 After ``full`` the reads check nothing (``ValueFacts.every_row``).
 """
@@ -41,6 +44,7 @@ from pipeline.contract.dataset_json import Space
 from pipeline.contract.footer_checks import FileFacts, column_label
 from pipeline.contract.schema import CheckValues, DatasetError, EpisodeSchema
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource
+from pipeline.io.parquet_files import leaf_index
 
 SAMPLE_EVERY = 16
 _VALUE_COLUMNS = ("obs", "new_obs", "actions", "rewards")
@@ -72,6 +76,8 @@ class ValueFacts:
 class _Rules:
     floats: tuple[str, ...]
     """Canonical float columns (float actions among them) that must be finite."""
+    discrete: bool
+    """Actions are int64 indices: refused below 0, and from ``discrete_n`` up."""
     discrete_n: int | None
     """``action_space.n`` of discrete actions, when declared."""
     low: float | None
@@ -164,11 +170,11 @@ def check_read_values(
         c for c in floats if c in table.column_names and not _all_finite(table.column(c))
     )
     n = values.discrete_n
-    out_of_range = n is not None and "actions" in table.column_names
-    out_of_range = out_of_range and not _all_below(table.column("actions"), n)
+    out_of_range = schema.discrete_actions and "actions" in table.column_names
+    out_of_range = out_of_range and not _all_in_range(table.column("actions"), n)
     if not flagged and not out_of_range:
         return
-    rules = _Rules(flagged, n if out_of_range else None, None, None, values.space_file)
+    rules = _Rules(flagged, out_of_range, n, None, None, values.space_file)
     for path in files:
         metadata = pq.read_metadata(path, filesystem=filesystem)
         fact = FileFacts(path, metadata.num_rows, {}, row_groups=metadata.num_row_groups)
@@ -178,7 +184,8 @@ def check_read_values(
         labels = ", ".join(column_label(c, schema.column_map) for c in flagged)
         found.append(f"{labels} held non-finite values (NaN or inf)")
     if out_of_range:
-        found.append(f"{column_label('actions', schema.column_map)} held actions outside [0, {n})")
+        outside = f"actions outside [0, {n})" if n is not None else "negative actions"
+        found.append(f"{column_label('actions', schema.column_map)} held {outside}")
     raise DatasetError(
         f"{', '.join(files)}: {' and '.join(found)} when read for training, but none when "
         "scanned again: the files changed while they were read; expected the files that were "
@@ -197,7 +204,7 @@ def _rules(schema: EpisodeSchema, action_space: Space | None, space_file: str) -
         discrete_n = None if action_space is None else action_space.n
     elif action_space is not None:
         low, high = action_space.low, action_space.high
-    return _Rules(tuple(floats), discrete_n, low, high, space_file)
+    return _Rules(tuple(floats), schema.discrete_actions, discrete_n, low, high, space_file)
 
 
 @dataclass(frozen=True)
@@ -245,11 +252,11 @@ def _scan(
     outside = _Found()
     bounded = rules.low is not None or rules.high is not None
     actions_leaf = -1
-    if rules.discrete_n is not None:
-        actions_leaf = _leaf(footer, schema.column_map.get("actions", "actions"))
+    if rules.discrete:
+        actions_leaf = leaf_index(footer, schema.column_map.get("actions", "actions"))
     for group in groups:
         columns = list(rules.floats)
-        if rules.discrete_n is not None:
+        if rules.discrete:
             statistics = footer.metadata.row_group(group).column(actions_leaf).statistics
             if not _cleared(statistics, rules.discrete_n):
                 columns.append("actions")
@@ -257,8 +264,11 @@ def _scan(
         table = footer.read_row_group(group, columns=on_disk)
         for column, values in zip(columns, table.columns, strict=True):
             flat, width = _flat(values)
-            if column == "actions" and rules.discrete_n is not None:
-                found[column].add((flat < 0) | (flat >= rules.discrete_n), group, flat)
+            if column == "actions" and rules.discrete:
+                outside_space = flat < 0
+                if rules.discrete_n is not None:
+                    outside_space |= flat >= rules.discrete_n
+                found[column].add(outside_space, group, flat)
                 continue
             found[column].add(_non_finite_rows(flat, width), group)
             if column == "actions" and bounded:
@@ -267,21 +277,16 @@ def _scan(
 
 
 def _value_columns(rules: _Rules) -> list[str]:
-    discrete = ("actions",) if rules.discrete_n is not None else ()
+    discrete = ("actions",) if rules.discrete else ()
     return [c for c in _VALUE_COLUMNS if c in rules.floats or c in discrete]
 
 
-def _leaf(footer: pq.ParquetFile, name: str) -> int:
-    """Index of the Parquet leaf column of a primitive top-level column."""
-    schema = footer.metadata.schema
-    return next(i for i in range(len(schema)) if schema.column(i).path == name)
-
-
-def _cleared(stats: pq.Statistics | None, n: int) -> bool:
-    """Whether an int64 column chunk's statistics prove every value lies in ``[0, n)``."""
+def _cleared(stats: pq.Statistics | None, n: int | None) -> bool:
+    """Whether an int64 column chunk's statistics prove every value lies in ``[0, n)``
+    (``>= 0`` when ``n`` is None)."""
     if stats is None or not stats.has_min_max:
         return False
-    return stats.min >= 0 and stats.max < n
+    return stats.min >= 0 and (n is None or stats.max < n)
 
 
 def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
@@ -294,11 +299,12 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
     return flat, width
 
 
-def _all_below(column: pa.ChunkedArray, n: int) -> bool:
-    """Whether every value of an integer column lies in ``[0, n)``."""
+def _all_in_range(column: pa.ChunkedArray, n: int | None) -> bool:
+    """Whether every value of an integer column lies in ``[0, n)`` (``>= 0`` when ``n`` is
+    None)."""
     extremes = pc.min_max(column)
     low, high = extremes["min"].as_py(), extremes["max"].as_py()
-    return low is None or (low >= 0 and high < n)
+    return low is None or (low >= 0 and (n is None or high < n))
 
 
 def _all_finite(column: pa.ChunkedArray) -> bool:
@@ -349,7 +355,14 @@ def _refuse(
     label = column_label(column, schema.column_map)
     of = _of_rows(rows, fact.num_rows, check)
     first = _row(footer, found, schema)
-    if column == "actions" and rules.discrete_n is not None:
+    if column == "actions" and rules.discrete and rules.discrete_n is None:
+        raise DatasetError(
+            f"{fact.path}: column {label} has negative actions in {found.rows} of {of}, first "
+            f"at {first} (action {found.value}); expected discrete actions to be indices "
+            f">= 0 (int64 actions are discrete; no action_space in {rules.space_file}). "
+            "Fix: correct the actions, or store continuous ones as float32 tensors"
+        )
+    if column == "actions" and rules.discrete:
         n = rules.discrete_n
         raise DatasetError(
             f"{fact.path}: column {label} has actions outside [0, {n}) in {found.rows} of "

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.contract.integer_range import fitting_cast
 from pipeline.contract.schema import DatasetError
 
 _EXTENSION_NAME = b"ARROW:extension:name"
@@ -70,8 +71,8 @@ def to_tensor(
             f"{where}: column '{field.name}' holds {values.null_count} null value(s); expected "
             "every row to hold a complete tensor"
         )
-    if value_type is not None and values.type != value_type:
-        values = pc.cast(values, value_type)
+    if value_type is not None:
+        values = fitting_cast(values, value_type, where=where, label=repr(field.name))
     flat = values.to_numpy(zero_copy_only=False)
     return pa.FixedShapeTensorArray.from_numpy_ndarray(flat.reshape(len(array), *shape))
 

@@ -180,3 +180,10 @@ def _unreadable(path: str, exc: Exception) -> DatasetError:
         f"{path}: cannot be read ({reason}); expected readable Parquet data (validation "
         "reads footers and id columns only: was the file changed since, or is it corrupted?)"
     )
+
+
+def leaf_index(footer: pq.ParquetFile, name: str) -> int:
+    """Index of the Parquet leaf column of a primitive top-level column ``name`` (whose
+    row-group statistics say its min and max)."""
+    schema = footer.metadata.schema
+    return next(i for i in range(len(schema)) if schema.column(i).path == name)

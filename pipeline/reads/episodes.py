@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from pipeline.contract.dataset_json import (
@@ -35,6 +34,7 @@ from pipeline.contract.footer_checks import (
 )
 from pipeline.contract.id_checks import check_episodes
 from pipeline.contract.id_findings import VALIDATION_MEMORY_MB
+from pipeline.contract.integer_range import check_step_range, with_step_type
 from pipeline.contract.schema import CheckValues, EpisodeSchema
 from pipeline.contract.value_checks import ValueFacts, check_value_columns
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource, Source, resolve_source, uri_of
@@ -139,6 +139,7 @@ def inspect_episodes(
     facts = read_footers(resolved, mapping)
     schema = with_observation_layout(metadata, resolved, build_schema(resolved, facts, mapping))
     check_nulls(resolved, facts, mapping)
+    check_step_range(resolved, facts, mapping)
     rows_per_file = {f.path: f.num_rows for f in facts}
     if metadata is not None:
         check_metadata(metadata, resolved, schema, rows_per_file)
@@ -218,6 +219,7 @@ def to_canonical(info: DatasetInfo, dataset: ray.data.Dataset) -> ray.data.Datas
     if info.needs_normalising:
         dataset = dataset.map_batches(
             _normalise_batch,
+            fn_kwargs={"where": info.root},
             batch_format="pyarrow",
             batch_size=None,
             zero_copy_batch=True,
@@ -231,7 +233,7 @@ def canonical_table(info: DatasetInfo, table: pa.Table) -> pa.Table:
     renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
     if renames:
         table = table.rename_columns([renames.get(name, name) for name in table.column_names])
-    return _normalise_batch(table) if info.needs_normalising else table
+    return _normalise_batch(table, info.root) if info.needs_normalising else table
 
 
 def _needs_normalising(types: Mapping[str, pa.DataType]) -> bool:
@@ -240,9 +242,10 @@ def _needs_normalising(types: Mapping[str, pa.DataType]) -> bool:
     return pa.types.is_int64(types["t"]) or any(pa.types.is_fixed_size_list(t) for t in tensors)
 
 
-def _normalise_batch(batch: pa.Table) -> pa.Table:
+def _normalise_batch(batch: pa.Table, where: str) -> pa.Table:
     """Zero-copy ``fixed_size_list`` -> ``fixed_shape_tensor`` (numpy batches of the former
-    are object arrays), and ``t`` int64 -> int32."""
+    are object arrays), and ``t`` int64 -> int32 (validated to fit; ``where``: the files'
+    directory, named if a file changed since)."""
     for name in ("obs", "new_obs", "actions"):
         if name not in batch.column_names:
             continue
@@ -251,10 +254,7 @@ def _normalise_batch(batch: pa.Table) -> pa.Table:
             tensor_type = pa.fixed_shape_tensor(column.type.value_type, [column.type.list_size])
             tensor = pa.ExtensionArray.from_storage(tensor_type, column)
             batch = batch.set_column(batch.schema.get_field_index(name), name, tensor)
-    if pa.types.is_int64(batch.schema.field("t").type):
-        index = batch.schema.get_field_index("t")
-        batch = batch.set_column(index, "t", pc.cast(batch.column("t"), pa.int32()))
-    return batch
+    return with_step_type(batch, where=where)
 
 
 def _fingerprint(resolved: ResolvedSource, metadata_bytes: bytes) -> tuple[str, tuple[int, ...]]:

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline.contract.integer_range import with_step_type
 from pipeline.contract.schema import DatasetError, EpisodeSchema
 from pipeline.contract.value_checks import ValueFacts, check_read_values
 from pipeline.reads.episodes import DatasetInfo
@@ -178,12 +178,11 @@ class TaskWindows:
                     if piece.file == file_index:
                         group = parquet.read_row_group(piece.row_group, columns=on_disk)
                         parts.append(group.slice(piece.start, piece.stop - piece.start))
+        files = [self.files[i] for i in dict.fromkeys(piece.file for piece in window.pieces)]
         table = pa.concat_tables(parts).rename_columns(names)
-        if "t" in names and pa.types.is_int64(table.schema.field("t").type):
-            table = table.set_column(names.index("t"), "t", pc.cast(table.column("t"), pa.int32()))
+        table = with_step_type(table, where=", ".join(files))
         table = of_modules(table, self.schema, self.modules)
         if self.values is not None and not self.values.every_row:
-            files = [self.files[i] for i in dict.fromkeys(piece.file for piece in window.pieces)]
             check_read_values(table, files, self.filesystem, self.schema, self.values)
         return table
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from pipeline.contract.integer_range import fitting_cast
 from pipeline.contract.schema import DatasetError
 from pipeline.importers.columns import to_tensor
 
@@ -69,7 +69,9 @@ def canonical_episodes(
         "t": pa.array(t.astype(np.int32)),
         "obs": observations.take(rows),
         "actions": _actions(raw, spaces["action_space"], where).take(rows),
-        "rewards": pc.cast(raw.column("rewards"), pa.float32()).take(rows),
+        "rewards": fitting_cast(
+            raw.column("rewards"), pa.float32(), where=where, label="'rewards'"
+        ).take(rows),
     }
     last_step = t == np.repeat(steps, steps) - 1
     for source, name in _FLAGS.items():
@@ -92,7 +94,7 @@ def canonical_episodes(
 def _actions(raw: pa.Table, space: dict[str, Any], where: str) -> pa.Array:
     column = raw.column("actions")
     if space["type"] == "Discrete":
-        return pc.cast(column, pa.int64()).combine_chunks()
+        return fitting_cast(column, pa.int64(), where=where, label="'actions'").combine_chunks()
     return to_tensor(column, raw.schema.field("actions"), where=where, shape=_shape(space))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.contract.integer_range import fitting_cast
 from pipeline.contract.schema import DatasetError
 from pipeline.importers.columns import is_tensor_field, to_tensor
 
@@ -52,7 +53,7 @@ def _convert(field: pa.Field, column: pa.ChunkedArray, where: str) -> pa.Array |
         return to_tensor(column, field, where=where)
     if name == "actions":
         if pa.types.is_integer(kind):
-            return pc.cast(column, pa.int64())
+            return fitting_cast(column, pa.int64(), where=where, label="'actions'")
         return to_tensor(column, field, where=where)
     if name == "rewards":
         return _cast_number(column, name, pa.float32(), where)
@@ -76,13 +77,13 @@ def _cast_number(
         raise DatasetError(
             f"{where}: column '{name}' has Arrow type {column.type}; expected numbers"
         )
-    return pc.cast(column, target)
+    return fitting_cast(column, target, where=where, label=repr(name))
 
 
 def _cast_id(column: pa.ChunkedArray, where: str) -> pa.ChunkedArray:
     kind = column.type
     if pa.types.is_integer(kind):
-        return pc.cast(column, pa.int64())
+        return fitting_cast(column, pa.int64(), where=where, label="'eps_id'")
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return pc.cast(column, pa.string())
     raise DatasetError(

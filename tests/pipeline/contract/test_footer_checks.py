@@ -37,6 +37,18 @@ def test_missing_required_column(tmp_path):
     )
 
 
+@pytest.mark.parametrize("name", ["obs", "notes"])
+def test_two_columns_of_one_name_are_refused(tmp_path, name):
+    """Parquet allows it; a read by name could not say which one is meant."""
+    table = episode_table(notes=pa.array(["x"] * 6))
+    table = table.append_column(name, table.column(name))
+    path = write(tmp_path / "part.parquet", table)
+    assert _refused(tmp_path) == (
+        f"{path}: column {name!r} appears 2 times; expected each column name once. Fix: "
+        "rename or drop the repeated columns"
+    )
+
+
 def test_missing_column_named_by_the_column_map(tmp_path):
     path = write(tmp_path / "part.parquet", episode_table())
     assert _refused(path, column_map={"rewards": "reward"}) == (

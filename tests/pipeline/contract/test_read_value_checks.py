@@ -6,6 +6,7 @@ message a full validation gives; after
 from __future__ import annotations
 
 import json
+import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,7 @@ from pipeline.contract.schema import DatasetError
 from pipeline.reads.episodes import inspect_episodes, read_episodes
 from pipeline.rows.options import RowStream
 from pipeline.streams.learner_stream import split_for_learners
+from pipeline.tasks.options import TaskStream
 from pipeline.tasks.samples import read_task_samples, task_samples
 from tests.helpers.episode_files import episode_table, tensor
 
@@ -119,13 +121,13 @@ def test_row_streams_refuse_what_validation_skipped_with_its_message(tmp_path, r
         assert str(in_rows.value) == expected
 
 
-@pytest.mark.parametrize("check", ["sample", "off"])
-def test_task_reads_refuse_discrete_actions_outside_the_space_with_its_message(tmp_path, check):
+def _discrete_dataset(directory, bad: int) -> None:
+    """Two files of discrete actions, the second with ``bad`` in row ``BAD_ROW``."""
     tasks = ("a", "b")
     for part in range(2):
         actions = np.zeros(ROWS, dtype=np.int64)
         if part == 1:
-            actions[BAD_ROW] = 5
+            actions[BAD_ROW] = bad
         table = episode_table(
             ROWS,
             action_dim=None,
@@ -133,7 +135,12 @@ def test_task_reads_refuse_discrete_actions_outside_the_space_with_its_message(t
             tasks=(tasks[part],),
             actions=pa.array(actions),
         )
-        pq.write_table(table, tmp_path / f"part-{part}.parquet", row_group_size=2)
+        pq.write_table(table, directory / f"part-{part}.parquet", row_group_size=2)
+
+
+@pytest.mark.parametrize("check", ["sample", "off"])
+def test_task_reads_refuse_discrete_actions_outside_the_space_with_its_message(tmp_path, check):
+    _discrete_dataset(tmp_path, 5)
     (tmp_path / "dataset.json").write_text(
         json.dumps({"id": "tiny", "action_space": {"kind": "discrete", "n": 2}})
     )
@@ -146,3 +153,40 @@ def test_task_reads_refuse_discrete_actions_outside_the_space_with_its_message(t
         "the actions or action_space.n"
     )
     _task_reads_refuse(info, expected)
+
+
+@pytest.mark.parametrize("check", ["sample", "off"])
+def test_task_reads_refuse_negative_discrete_actions_without_a_space(tmp_path, check):
+    _discrete_dataset(tmp_path, -1)
+    info = inspect_episodes(tmp_path, check_values=check)
+    expected = _validation_message(tmp_path)
+    assert expected == (
+        f"{tmp_path / 'part-1.parquet'}: column 'actions' has negative actions in 1 of {ROWS} "
+        "rows, first at eps_id 6 t 1 (action -1); expected discrete actions to be indices >= 0 "
+        f"(int64 actions are discrete; no action_space in {tmp_path / 'dataset.json'}). Fix: "
+        "correct the actions, or store continuous ones as float32 tensors"
+    )
+    _task_reads_refuse(info, expected)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+@pytest.mark.parametrize("bad", ["rewards", "actions"])
+def test_a_ray_train_worker_shard_refuses_what_validation_skipped(tmp_path, mode, bad):
+    """What a Ray Train worker does with its share (``flows.scale_out.worker``): the
+    dataset's description arrives pickled, the worker reads the task samples itself and
+    streams only its own rank's meta-batches; the reads refuse as validation would."""
+    if bad == "rewards":
+        _dataset(tmp_path, "rewards")
+    else:
+        _discrete_dataset(tmp_path, -1)
+    expected = _validation_message(tmp_path)
+    shipped = pickle.loads(pickle.dumps(inspect_episodes(tmp_path, check_values="off")))
+    budget = 64 if mode == "stream" else None
+    with pytest.raises(DatasetError) as refused:
+        # In memory the worker's read refuses; streamed, its first window read does.
+        samples = read_task_samples(shipped, support=1, query=1, mode=mode, memory_budget_mb=budget)
+        (stream,) = split_for_learners(TaskStream(samples, ranks=[1]), 2, minibatch_size=1)
+        with stream:
+            list(stream.take(4 * ROWS))
+    assert str(refused.value) == expected

@@ -86,8 +86,6 @@ def test_several_modules_name_the_module(tmp_path):
 def test_discrete_actions_outside_the_declared_space_are_refused(tmp_path):
     actions = pa.array([0, 1, 0, 7, 1, -1], pa.int64())
     path = write(tmp_path / "part.parquet", episode_table(action_dim=None, actions=actions))
-    assert inspect_episodes(tmp_path).num_rows == 6  # no action_space: nothing to hold them to
-
     _action_space(tmp_path, kind="discrete", n=2)
     assert _refused(tmp_path) == (
         f"{path}: column 'actions' has actions outside [0, 2) in 2 of 6 rows, first at eps_id 1 "
@@ -99,6 +97,23 @@ def test_discrete_actions_outside_the_declared_space_are_refused(tmp_path):
         f"{path}: column 'actions' has actions outside [0, 8) in 1 of 6 rows, first at eps_id 1 "
         "t 2 (action -1);"
     )
+
+
+@pytest.mark.parametrize("metadata", [False, True], ids=["no-dataset-json", "no-action-space"])
+def test_negative_discrete_actions_are_refused_without_a_declared_space(tmp_path, metadata):
+    """A discrete action is an index: -1 would silently pick the last logit."""
+    actions = pa.array([0, 1, 0, 7, -1, -3], pa.int64())
+    path = write(tmp_path / "part.parquet", episode_table(action_dim=None, actions=actions))
+    if metadata:
+        (tmp_path / "dataset.json").write_text(json.dumps({"id": "tiny"}))
+    assert _refused(tmp_path) == (
+        f"{path}: column 'actions' has negative actions in 2 of 6 rows, first at eps_id 1 t 1 "
+        "(action -1); expected discrete actions to be indices >= 0 (int64 actions are "
+        f"discrete; no action_space in {tmp_path / 'dataset.json'}). Fix: correct the "
+        "actions, or store continuous ones as float32 tensors"
+    )
+    write(path, episode_table(action_dim=None, actions=pa.array([0, 1, 0, 7, 1, 3], pa.int64())))
+    assert inspect_episodes(tmp_path).values.rows == 6
 
 
 @pytest.mark.parametrize("actions", [[0, 1, 0, 1, 1, 0], [0, 1, 0, 7, 1, -1]])
