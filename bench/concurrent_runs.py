@@ -42,6 +42,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=8, help="runs started together (default 8)")
     args = parser.parse_args()
+    # Before Prefect is imported: the test server sends no telemetry (tests/conftest.py).
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     import boto3
     from prefect.testing.utilities import prefect_test_harness
 
@@ -50,7 +52,6 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch_dir, moto_server("serial") as endpoint:
         scratch = Path(scratch_dir)
-        os.environ["PREFECT_HOME"] = str(scratch / "prefect-home")
         os.environ.update(client_environment(endpoint))
         bucket = f"offmeta-bench-{uuid.uuid4().hex[:12]}"
         boto3.session.Session().client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
