@@ -15,6 +15,12 @@ renames a run so before removing it).
 ``offmeta run --resume`` continues the newest unfinished run that is not live and has the
 same config identity: the sha256 of the config as canonical JSON without the fields that
 only say how to run it (``IDENTITY_EXCLUDES``), so the same identity means the same result.
+A run's identity is that of the config it recorded *as this offmeta resolves it*: the
+recorded values, read by today's ``MetaTrainConfig``, so a field a later release added takes
+its default, which by design is what the earlier release did. A run started by an earlier
+offmeta therefore resumes when its effective config is the same; otherwise the refusal names
+the fields that differ, or that this release no longer reads. The ``identity`` written in
+``run.json`` is the one its writer computed, for people; resuming never compares it.
 
 Nothing here imports Prefect, Ray or torch: the CLI finds the run to resume before paying
 for them.
@@ -32,6 +38,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from flows.config import MetaTrainConfig
 from flows.runs.run_storage import (
@@ -88,7 +96,9 @@ class RunRecord:
     """The run directory, or its ``s3://`` URI."""
     artifact: str
     identity: str
+    """The identity its writer computed (an earlier release knew fewer fields): for people."""
     config: dict[str, Any]
+    """The config as its writer dumped it."""
     starts: tuple[dict[str, Any], ...]
     """One ``{"flow_run_id", "started_at"}`` per start, the first one first."""
     finished: dict[str, Any] | None
@@ -162,7 +172,6 @@ def find_resumable(cfg: MetaTrainConfig) -> Path | str:
     """The newest unfinished, not live run under ``training.checkpoint_dir`` with the
     identity of ``cfg``; ``RunDirError`` naming the runs it looked at when there is none."""
     root = runs_root(cfg.training.checkpoint_dir).where
-    identity = config_identity(cfg)
     unfinished = [
         record
         for record in list_runs(root)
@@ -171,7 +180,7 @@ def find_resumable(cfg: MetaTrainConfig) -> Path | str:
     resumable = [
         record
         for record in unfinished
-        if record.identity == identity and live_pid(record.path) is None
+        if not _config_problem(record, cfg) and live_pid(record.path) is None
     ]
     if resumable:
         return max(resumable, key=lambda record: record.last_started).path
@@ -285,12 +294,32 @@ def _config_problem(record: RunRecord, cfg: MetaTrainConfig) -> str:
             f"it publishes {record.artifact!r}, not {cfg.artifacts.name!r}; resume it with its "
             "own config"
         )
-    if record.identity != config_identity(cfg):
+    try:
+        recorded = MetaTrainConfig.model_validate(record.config)
+    except ValidationError as error:
+        return (
+            "it was started by an offmeta whose config this one reads differently: "
+            f"{_unread(error)}; resume it with the offmeta that started it or start a new run"
+        )
+    if config_identity(recorded) != config_identity(cfg):
         return (
             f"it was started with another config, which differs in "
-            f"{_differences(record.config, cfg)}; resume it with that config or start a new run"
+            f"{_differences(recorded, cfg)}; resume it with that config or start a new run"
         )
     return ""
+
+
+def _unread(error: ValidationError) -> str:
+    """The recorded fields this release refuses, each with its recorded value."""
+    fields = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "<config>"
+        now = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            now = "no such field"
+        run = "absent" if item["type"] == "missing" else json.dumps(item["input"])
+        fields.append(f"{where} (run: {run}, now: {now})")
+    return _first_few(fields)
 
 
 def _identity_document(cfg: MetaTrainConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -302,16 +331,22 @@ def _identity_document(cfg: MetaTrainConfig | Mapping[str, Any]) -> dict[str, An
     return document
 
 
-def _differences(recorded: Mapping[str, Any], cfg: MetaTrainConfig) -> str:
+def _differences(recorded: MetaTrainConfig, cfg: MetaTrainConfig) -> str:
     before = _flatten(_identity_document(recorded))
     now = _flatten(_identity_document(cfg))
     keys = sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
-    shown = [
-        f"{key} (run: {json.dumps(before.get(key))}, now: {json.dumps(now.get(key))})"
-        for key in keys[:_SHOWN_DIFFERENCES]
-    ]
-    more = f" and {len(keys) - _SHOWN_DIFFERENCES} more" if len(keys) > _SHOWN_DIFFERENCES else ""
-    return ", ".join(shown) + more
+    return _first_few(
+        [
+            f"{key} (run: {json.dumps(before.get(key))}, now: {json.dumps(now.get(key))})"
+            for key in keys
+        ]
+    )
+
+
+def _first_few(fields: list[str]) -> str:
+    """The first ``_SHOWN_DIFFERENCES`` of ``fields``, and how many more there are."""
+    more = len(fields) - _SHOWN_DIFFERENCES
+    return ", ".join(fields[:_SHOWN_DIFFERENCES]) + (f" and {more} more" if more > 0 else "")
 
 
 def _flatten(document: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

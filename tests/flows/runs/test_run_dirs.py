@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +28,11 @@ from flows.runs.run_dirs import (
 from tests.helpers.flow_runs import tiny_config
 
 DAY = 86400.0
+EARLIER_RELEASE = Path(__file__).parent / "fixtures" / "run-90212f8"
+"""``run.json`` of a run started by offmeta at 90212f8 (the first release with run
+directories, 29 config fields fewer than today) with ``tiny_config(/fixture/data, /fixture)``:
+written by that commit's ``flows.runs.open_run``, unchanged since."""
+EARLIER_FLOW_RUN = "5d2c7a90-written-by-90212f8"
 
 
 def _cfg(work: Path, overrides: Sequence[str] = ()) -> MetaTrainConfig:
@@ -213,3 +219,83 @@ def test_an_unfinished_run_counts_as_recent_while_its_checkpoints_are(tmp_path: 
     os.utime(run / "checkpoints", (now - DAY, now - DAY))  # a checkpoint a day ago
     assert prune_runs(tmp_path / "runs", keep_finished=1, keep_unfinished_days=7, now=now) == []
     assert json.loads((run / RUN_FILE).read_text())["artifact"] == "tiny-robot"
+
+
+def _earlier_run(work: Path, edit: dict[str, dict[str, object]] | None = None) -> Path:
+    """The earlier release's run directory under ``work/runs``; ``edit`` sets recorded
+    config values (``{section: {field: value}}``)."""
+    run = work / "runs" / EARLIER_FLOW_RUN
+    run.mkdir(parents=True)
+    document = json.loads((EARLIER_RELEASE / RUN_FILE).read_text())
+    for section, fields in (edit or {}).items():
+        document["config"][section].update(fields)
+    (run / RUN_FILE).write_text(json.dumps(document))
+    return run
+
+
+def _earlier_cfg(work: Path, overrides: Sequence[str] = ()) -> MetaTrainConfig:
+    """Today's config of the earlier run: the same YAML, runs under ``work/runs``."""
+    moved = [f"training.checkpoint_dir={work / 'runs'}", *overrides]
+    return tiny_config(Path("/fixture/data"), Path("/fixture"), moved)
+
+
+def test_a_run_an_earlier_offmeta_started_resumes_when_its_config_means_the_same(
+    tmp_path: Path,
+) -> None:
+    run = _earlier_run(tmp_path)
+    cfg = _earlier_cfg(tmp_path)
+    record = read_run(run)
+    # Its writer hashed fewer fields: the recorded identity is not today's, yet the run is
+    # the same run, because every field added since takes the value it had then.
+    assert record.identity != config_identity(cfg)
+    assert find_resumable(cfg) == run
+    check_resumable(record, cfg)
+    with open_run(cfg, resume=run, flow_run_id="flow-now") as resumed:
+        assert resumed.earlier_flow_runs == [EARLIER_FLOW_RUN]
+    after = read_run(run)
+    assert [start["flow_run_id"] for start in after.starts] == [EARLIER_FLOW_RUN, "flow-now"]
+    assert (after.config, after.identity) == (record.config, record.identity)
+
+
+def test_a_record_without_the_fields_at_their_defaults_has_the_same_identity(
+    tmp_path: Path,
+) -> None:
+    # What any earlier release wrote that knew only the fields this config sets: every field
+    # added later, at its default, leaves the run's identity alone.
+    cfg = _cfg(tmp_path)
+    path = _run(cfg, "sparse")
+    document = json.loads((path / RUN_FILE).read_text())
+    document["config"] = cfg.model_dump(mode="json", exclude_defaults=True)
+    document["identity"] = config_identity(document["config"])  # as its writer hashed it
+    assert len(json.dumps(document["config"])) < len(json.dumps(cfg.model_dump(mode="json"))) / 2
+    (path / RUN_FILE).write_text(json.dumps(document))
+    assert find_resumable(cfg) == path
+
+
+def test_an_earlier_run_is_refused_naming_the_fields_that_differ(tmp_path: Path) -> None:
+    run = _earlier_run(tmp_path)
+
+    def refused(cfg: MetaTrainConfig) -> str:
+        with pytest.raises(RunDirError) as caught:
+            check_resumable(read_run(run), cfg)
+        return str(caught.value)
+
+    # A field added since, set now: the earlier run trained with its default.
+    assert refused(_earlier_cfg(tmp_path, ["training.history_points=50"])) == (
+        f"{run}: it was started with another config, which differs in "
+        "training.history_points (run: 100, now: 50); resume it with that config or start a "
+        "new run"
+    )
+    shutil.rmtree(run)
+    # A field this release no longer reads, or a value it refuses.
+    run = _earlier_run(tmp_path, {"training": {"old_knob": 3, "log_every": 0}})
+    message = (
+        "it was started by an offmeta whose config this one reads differently: "
+        "training.log_every (run: 0, now: Input should be greater than or equal to 1), "
+        "training.old_knob (run: 3, now: no such field); resume it with the offmeta that "
+        "started it or start a new run"
+    )
+    assert refused(_earlier_cfg(tmp_path)) == f"{run}: {message}"
+    with pytest.raises(RunDirError) as caught:
+        find_resumable(_earlier_cfg(tmp_path))
+    assert f"(unfinished runs of that name: {run}: {message});" in str(caught.value)
