@@ -121,10 +121,19 @@ class LearnersConfig(MetaConfig):
         description="0: train in this process. N > 0: N Ray Train workers, each with M tasks "
         "per meta-batch, meta-gradients averaged (see docs/scale-out.md).",
     )
+    check_vectorized: Literal["first", "off"] = Field(
+        "first",
+        description="first: before the first meta-step, compare the vmapped meta-gradients of "
+        "two tasks with a per-task loop's and refuse the run, naming the parameters, if they "
+        "differ beyond the dtype's rounding (a wrong vmap batching rule; see "
+        "docs/networks.md#vmap); off: skip it. Only with vectorize: vmap; changes no result.",
+    )
 
     def meta_config(self) -> MetaConfig:
         """The learner's own config, without the placement fields of the run."""
-        return MetaConfig.model_validate(self.model_dump(exclude={"num_learners"}))
+        return MetaConfig.model_validate(
+            self.model_dump(exclude={"num_learners", "check_vectorized"})
+        )
 
 
 class TrainingConfig(BaseModel):
