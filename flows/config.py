@@ -129,8 +129,14 @@ class LearnersConfig(MetaConfig):
         "docs/networks.md#vmap); off: skip it. Only with vectorize: vmap; changes no result.",
     )
 
+    @field_validator("check_vectorized", mode="before")
+    @classmethod
+    def _off_as_written(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false, as for data.check_values.
+        return "off" if value is False else value
+
     def meta_config(self) -> MetaConfig:
-        """The learner's own config, without the placement fields of the run."""
+        """The learner's own config, without the run's own fields (placement, the self-check)."""
         return MetaConfig.model_validate(
             self.model_dump(exclude={"num_learners", "check_vectorized"})
         )

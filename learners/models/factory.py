@@ -114,8 +114,16 @@ def _check_head_outputs(network: nn.Module, spec: ModuleSpec, named: str) -> Non
     rows = (_DUMMY_ROWS, *spec.observation_shape)
     expected = [_DUMMY_ROWS, spec.action_dim]
     dtype = next((p.dtype for p in network.parameters()), torch.float32)
-    with torch.no_grad():
-        outputs = network(torch.zeros(rows, dtype=dtype))
+    try:
+        with torch.no_grad():
+            outputs = network(torch.zeros(rows, dtype=dtype))
+    except Exception as error:  # user code: whatever it raises, the run could not train
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise ValueError(
+            f"{named} raised {type(error).__name__} on a dummy batch of observations "
+            f"{list(rows)}: {first_line}; its forward must take [rows, *obs_shape] "
+            "(docs/networks.md#factory)"
+        ) from None
     keys = _HEAD_KEYS.get(head)
     if keys is None:
         found = {"output": outputs}

@@ -42,8 +42,13 @@ def normed_net(obs_shape: tuple[int, ...], action_dim: int, *, width: int = 8) -
 
 
 def recording_net(obs_shape: tuple[int, ...], action_dim: int, **kwargs: object) -> nn.Module:
-    """A linear layer; records its arguments in `SEEN`."""
+    """Flattened observations and a linear layer; records its arguments in `SEEN`."""
     SEEN.append((obs_shape, action_dim, kwargs))
+    return nn.Sequential(nn.Flatten(-len(obs_shape)), nn.Linear(math.prod(obs_shape), action_dim))
+
+
+def unflattened_net(obs_shape: tuple[int, ...], action_dim: int) -> nn.Module:
+    """A linear layer over flat observations: cannot take `[rows, *obs_shape]` (refused)."""
     return nn.Linear(math.prod(obs_shape), action_dim)
 
 
