@@ -5,10 +5,11 @@ the config's shape (tasks.meta_batch tasks of tasks.support + tasks.query rows, 
 the cost depends on the shapes only), one warm-up step, then the check on a fresh meta-batch
 (its seconds, the median of `--rounds`) against the training the config asks for,
 `training.iterations` meta-steps through `run_meta_training` without checkpoints, timed in
-the same process. Prints and records (bench/results/) the check's seconds with that training
-time as the baseline.
+the same process (with `--steps N`, N of them timed and scaled to `training.iterations`).
+Prints and records (bench/results/) the check's seconds with that training time as the
+baseline.
 
-    .venv/bin/python bench/vectorized_check.py [--rounds 3]
+    .venv/bin/python -m bench.vectorized_check [--rounds 3] [--steps N]
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _meta_batch(cfg, generator: torch.Generator) -> dict:
     }
 
 
-def measure(name: str, rounds: int) -> None:
+def measure(name: str, rounds: int, steps: int | None) -> None:
     cfg = load_config(CONFIGS / f"{name}.yaml", [])
     generator = torch.Generator().manual_seed(0)
     learner = MetaLearner(cfg.learners.meta_config())
@@ -56,7 +57,7 @@ def measure(name: str, rounds: int) -> None:
         began = time.perf_counter()
         check_vectorized_gradients(learner, batch)
         checks.append(time.perf_counter() - began)
-    iterations = cfg.training.iterations
+    iterations = cfg.training.iterations if steps is None else steps
     batches = [_meta_batch(cfg, generator) for _ in range(16)]
     began = time.perf_counter()
     run_meta_training(
@@ -69,35 +70,50 @@ def measure(name: str, rounds: int) -> None:
     )
     training = time.perf_counter() - began
     check = statistics.median(checks)
+    run_training = training * cfg.training.iterations / iterations
     print(
-        f"{name}: check {check:.3f} s (rounds {min(checks):.3f}-{max(checks):.3f}), training "
-        f"{iterations} meta-steps {training:.1f} s: {check / training:.2e} of it"
+        f"{name}: check {check:.3f} s (rounds {min(checks):.3f}-{max(checks):.3f}), "
+        f"{iterations} meta-steps {training:.1f} s, so the config's "
+        f"{cfg.training.iterations} about {run_training:.0f} s: the check is "
+        f"{check / run_training:.2%} of that training"
     )
     write_record(
         "vectorized_check",
         f"check-over-training-{name.replace('_', '-')}",
         f"learners.check_vectorized on the {name} config: the self-check (vmapped against "
         "looped meta-gradients of 2 tasks, median of rounds) against the config's "
-        "training.iterations meta-steps, same process",
+        "training.iterations meta-steps (timed, or scaled from --steps), same process",
         check,
         "s",
-        baseline=Baseline(f"{iterations} meta-steps of run_meta_training", training),
+        baseline=Baseline(
+            f"{cfg.training.iterations} meta-steps of run_meta_training", run_training
+        ),
         shape={
             "tasks": cfg.tasks.meta_batch,
             "support": cfg.tasks.support,
             "query": cfg.tasks.query,
-            "iterations": iterations,
+            "iterations": cfg.training.iterations,
         },
-        details={"check_seconds": checks, "torch_threads": torch.get_num_threads()},
+        details={
+            "check_seconds": checks,
+            "steps_timed": iterations,
+            "steps_seconds": training,
+            "torch_threads": torch.get_num_threads(),
+        },
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="time this many meta-steps and scale to training.iterations (default: all of them)",
+    )
     args = parser.parse_args()
     for name in ("point_robot", "sinusoid"):
-        measure(name, args.rounds)
+        measure(name, args.rounds, args.steps)
 
 
 if __name__ == "__main__":
