@@ -113,7 +113,8 @@ class TasksConfig(BaseModel):
 
 
 class LearnersConfig(MetaConfig):
-    """The meta-learner (every ``learners.config.MetaConfig`` field) and where it runs."""
+    """The meta-learner (every ``learners.config.MetaConfig`` field), where it runs, and the
+    run's check of its vmapped meta-gradients."""
 
     num_learners: int = Field(
         0,
