@@ -145,7 +145,8 @@ class TasksConfig(BaseModel):
 
 
 class LearnersConfig(MetaConfig):
-    """The meta-learner (every ``learners.config.MetaConfig`` field) and where it runs."""
+    """The meta-learner (every ``learners.config.MetaConfig`` field), where it runs, and the
+    run's check of its vmapped meta-gradients."""
 
     num_learners: int = Field(
         0,
@@ -153,10 +154,25 @@ class LearnersConfig(MetaConfig):
         description="0: train in this process. N > 0: N Ray Train workers, each with M tasks "
         "per meta-batch, meta-gradients averaged (see docs/scale-out.md).",
     )
+    check_vectorized: Literal["first", "off"] = Field(
+        "first",
+        description="first: before the first meta-step, compare the vmapped meta-gradients of "
+        "two tasks with a per-task loop's and refuse the run, naming the parameters, if they "
+        "differ beyond the dtype's rounding (a wrong vmap batching rule; see "
+        "docs/networks.md#vmap); off: skip it. Only with vectorize: vmap; changes no result.",
+    )
+
+    @field_validator("check_vectorized", mode="before")
+    @classmethod
+    def _off_as_written(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false, as for data.check_values.
+        return "off" if value is False else value
 
     def meta_config(self) -> MetaConfig:
-        """The learner's own config, without the placement fields of the run."""
-        return MetaConfig.model_validate(self.model_dump(exclude={"num_learners"}))
+        """The learner's own config, without the run's own fields (placement, the self-check)."""
+        return MetaConfig.model_validate(
+            self.model_dump(exclude={"num_learners", "check_vectorized"})
+        )
 
 
 class TrainingConfig(BaseModel):

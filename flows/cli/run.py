@@ -5,12 +5,13 @@ validated before Prefect, Ray or torch is imported, so a typo costs a second, no
 start-up. ``run`` also checks both datasets against each other and the config
 (``flows.stages.datasets.inspect_datasets``, the checks of ``offmeta data validate``)
 and builds the networks of ``model.factory`` and ``model.encoder: conv`` once
-before it starts Ray or the flow. Without an API URL the run records to a temporary Prefect
-server, which boots in its own process while those checks run
-(``flows.process.prefect_server``), and Ray starts on another thread once they have passed
-(``flows.process.runtime.RayStart``); with ``PREFECT_API_URL`` set, that server must answer
-(``flows.process.prefect_api``) before anything else happens. The run ends with the
-seconds each stage took (``flows.stages.timings``).
+before it starts Ray or the flow (a factory's output is checked against its head on a dummy
+batch, and a layer known to vmap wrongly is refused: ``learners.meta.vectorized_check``).
+Without an API URL the run records to a temporary Prefect server, which boots in its own
+process while those checks run (``flows.process.prefect_server``), and Ray starts on another
+thread once they have passed (``flows.process.runtime.RayStart``); with ``PREFECT_API_URL``
+set, that server must answer (``flows.process.prefect_api``) before anything else happens.
+The run ends with the seconds each stage took (``flows.stages.timings``).
 
 A run that fails on a permanent error (``flows.runs.retry_policy``) ends with one line, not
 Prefect's tracebacks (``flows.process.console``; ``OFFMETA_VERBOSE=1`` shows them).
@@ -234,17 +235,20 @@ def _data_fits(cfg: MetaTrainConfig) -> bool:
 
 def _networks_build(cfg: MetaTrainConfig) -> bool:
     """Build the networks of factories and conv encoders once before Ray starts and the flow
-    runs (user code, or images too small for the encoder, fail here in one line); False after
-    saying why. The built-in MLP is checked by the config alone."""
-    modules = cfg.learners.meta_config().modules
+    runs (user code, a factory's output that does not fit its head, a layer whose vmap
+    batching rule is wrong, or images too small for the encoder, fail here in one line);
+    False after saying why. The built-in MLP is checked by the config alone."""
+    meta = cfg.learners.meta_config()
+    modules = meta.modules
     if all(
         spec.model.factory is None and spec.model.encoder == "flat" for spec in modules.values()
     ):
         return True
+    from learners.meta.vectorized_check import refuse_wrong_batching
     from learners.models.factory import build_models
 
     try:
-        build_models(modules, cfg.learners.seed)
+        refuse_wrong_batching(meta, build_models(modules, meta.seed))
     except ValueError as error:
         print(f"offmeta run: {error}", file=sys.stderr)
         return False

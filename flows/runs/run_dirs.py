@@ -74,6 +74,7 @@ __all__ = [
 
 FORMAT = 1
 IDENTITY_EXCLUDES = {
+    "learners": ("check_vectorized",),
     "training": (
         "checkpoint_dir",
         "keep_checkpoints",
@@ -82,9 +83,10 @@ IDENTITY_EXCLUDES = {
         "retries",
         "retry_delay_s",
         "shared_filesystem",
-    )
+    ),
 }
-"""Config fields left out of a run's identity: where runs live, how many are kept, retries."""
+"""Config fields left out of a run's identity: where runs live, how many are kept, retries,
+and a check that changes no result."""
 _SHOWN_DIFFERENCES = 5
 
 

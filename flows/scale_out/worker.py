@@ -148,6 +148,7 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
             history=history,
             on_log=on_log,
             on_checkpoint=on_checkpoint,
+            check_vectorized=cfg.learners.check_vectorized == "first",
         )
     finally:
         stream.close()

@@ -106,6 +106,7 @@ def train(
             on_log=progress,
             on_checkpoint=save,
             prefetch=training.prefetch,
+            check_vectorized=cfg.learners.check_vectorized == "first",
         )
     final = latest_checkpoint(checkpoints)
     assert final is not None  # the loop checkpoints after its last iteration

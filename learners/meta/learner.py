@@ -19,12 +19,13 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from learners.config import MetaConfig
+from learners.inner.differentiable import raise_on_nonfinite
 from learners.inner.optim import init_log_lrs, lrs_from_log
 from learners.inner.rule import build_inner_rule
 from learners.meta.compiled_step import CompiledMetaStep, MetaStepParts
@@ -199,18 +200,25 @@ class MetaLearner:
 
     @with_float32_matmul
     def compute_meta_gradients(
-        self, meta_batch: MetaBatch, *, support_loss_after: bool = True
+        self,
+        meta_batch: MetaBatch,
+        *,
+        support_loss_after: bool = True,
+        vectorize: Literal["vmap", "loop"] | None = None,
     ) -> tuple[MetaGradients, dict]:
         """Meta-gradients of the mean query loss over the meta-batch's tasks, without stepping.
 
         Workers of a data-parallel run each call this on their shard, average the gradients
         (`MetaGradients.tensors()`), and call `apply_meta_gradients`. With
-        `support_loss_after=False` the metrics leave that loss out (see `step`).
+        `support_loss_after=False` the metrics leave that loss out (see `step`). `vectorize`
+        overrides the config's choice for this call (`learners.meta.vectorized_check` compares
+        the two).
         """
+        vectorize = self.config.vectorize if vectorize is None else vectorize
         support, query, num_tasks = self._prepare(meta_batch)
         for leaf in self._leaves:
             leaf.grad = None
-        if self.config.vectorize == "vmap":
+        if vectorize == "vmap":
             objective = self._vmapped_tasks[support_loss_after]
             totals, aux = objective(self._params, self._log_lrs, support, query)
             totals.mean().backward()
@@ -227,7 +235,9 @@ class MetaLearner:
                 (total / num_tasks).backward()
                 per_task.append(task_aux)
             aux = {m: torch.stack([a[m] for a in per_task]) for m in per_task[0]}
-        metrics, inner = self._outcome(aux, num_tasks, after=support_loss_after)
+        metrics, inner = self._outcome(
+            aux, num_tasks, after=support_loss_after, vectorized=vectorize == "vmap"
+        )
         grads = MetaGradients(
             {m: {n: _grad_of(p) for n, p in self._params[m].items()} for m in self._trained},
             {k: _grad_of(v) for k, v in self._log_lrs.items()},
@@ -309,13 +319,20 @@ class MetaLearner:
                     lambda s, q: self._adapt_curve(params, lrs, s, q, wanted),
                     randomness="different",
                 )
-                curves = run(support, query)
+                curves, nonfinite = run(support, query)
+                if self.config.inner.nonfinite == "error" and nonfinite:
+                    # Inside vmap the inner update cannot raise (the per-task loop did).
+                    raise_on_nonfinite(
+                        {m: {"nonfinite": (bad > 0).sum()} for m, bad in nonfinite.items()},
+                        f"met in {{count}} of {num_tasks} tasks adapting for evaluate "
+                        f"(steps {wanted})",
+                    )
             else:
                 curves = torch.stack(
                     [
                         self._adapt_curve(
                             params, lrs, task_slice(support, i), task_slice(query, i), wanted
-                        )
+                        )[0]
                         for i in range(num_tasks)
                     ]
                 )
@@ -401,13 +418,15 @@ class MetaLearner:
         num_tasks: int,
         *,
         after: bool = True,
+        vectorized: bool | None = None,
     ) -> tuple[dict[str, Tensor | int], InnerCheck | None]:
         """Step metrics from the per-task aux values (per module, `[tasks, len(_AUX)]`; the
         support loss after adaptation measured if `after`), and, under inner.nonfinite='error'
         with vmap, what the inner updates met (the per-task loop raises at once instead).
         There the last column holds the adapted parameters' sums of squares; otherwise each
-        task's count of non-finite inner steps."""
-        checked_here = self.config.inner.nonfinite == "error" and self.config.vectorize == "vmap"
+        task's count of non-finite inner steps. `vectorized` None: as the config says."""
+        vectorized = self.config.vectorize == "vmap" if vectorized is None else vectorized
+        checked_here = self.config.inner.nonfinite == "error" and vectorized
         # Per module: tasks with a non-finite inner step (the metric sums them).
         with torch.no_grad():
             if checked_here:
@@ -494,16 +513,21 @@ class MetaLearner:
 
     def _adapt_curve(
         self, params: Params, lrs: Params | None, support: Batch, query: Batch, steps: list[int]
-    ) -> Tensor:
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """One task's query loss after each number of `steps`, and per adapted module its
+        inner updates' `nonfinite` metric summed over the points."""
         # Each point adapts from the meta-parameters: with several phases, k steps mean k
         # steps of each phase in turn, which continuing from k - 1 steps would not give.
         losses = []
+        nonfinite: dict[str, Tensor] = {}
         for target in steps:
-            adapted = (
-                self._rule.adapt(params, support, lrs=lrs, steps=target)[0] if target else params
-            )
+            adapted = params
+            if target:
+                adapted, inner = self._rule.adapt(params, support, lrs=lrs, steps=target)
+                for m, metrics in inner.items():
+                    nonfinite[m] = nonfinite.get(m, 0) + metrics["nonfinite"]
             losses.append(torch.stack(list(self._rule.outer_losses(adapted, query).values())).sum())
-        return torch.stack(losses)
+        return torch.stack(losses), nonfinite
 
     def _task_metrics(
         self,

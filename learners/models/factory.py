@@ -96,7 +96,54 @@ def build_model(spec: ModuleSpec, *, module_id: str | None = None) -> nn.Module:
             "cannot carry (e.g. BatchNorm running statistics); use a norm without running "
             "statistics (GroupNorm)"
         )
+    if spec.model.factory is not None and ":" not in spec.loss:
+        _check_head_outputs(network, spec, f"{key} {name!r}")
     return network
+
+
+_DUMMY_ROWS = 2
+_HEAD_KEYS = {"gaussian": ("mean", "log_std"), "mean_advantage": ("mean",)}
+"""The tensors a dict-returning head must hold; the others return one tensor."""
+
+
+def _check_head_outputs(network: nn.Module, spec: ModuleSpec, named: str) -> None:
+    """Refuse, in one line, a factory network whose forward on a dummy batch does not give
+    what `model.head` names (a built-in loss reads exactly that); a user loss reads what it
+    likes, so its module is not checked."""
+    head = spec.model.head
+    rows = (_DUMMY_ROWS, *spec.observation_shape)
+    expected = [_DUMMY_ROWS, spec.action_dim]
+    dtype = next((p.dtype for p in network.parameters()), torch.float32)
+    try:
+        with torch.no_grad():
+            outputs = network(torch.zeros(rows, dtype=dtype))
+    except Exception as error:  # user code: whatever it raises, the run could not train
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise ValueError(
+            f"{named} raised {type(error).__name__} on a dummy batch of observations "
+            f"{list(rows)}: {first_line}; its forward must take [rows, *obs_shape] "
+            "(docs/networks.md#factory)"
+        ) from None
+    keys = _HEAD_KEYS.get(head)
+    if keys is None:
+        found = {"output": outputs}
+    elif isinstance(outputs, Mapping) and all(k in outputs for k in keys):
+        found = {k: outputs[k] for k in keys}
+    else:
+        got = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
+        raise ValueError(
+            f"{named} gives {got} on a dummy batch of observations {list(rows)}; head {head!r} "
+            f"expects a dict with {list(keys)}, each shaped {expected} (docs/networks.md#factory)"
+        )
+    for what, tensor in found.items():
+        actual = list(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        if actual != expected:
+            part = "" if keys is None else f" {what!r}"
+            raise ValueError(
+                f"{named} gives{part} {actual} on a dummy batch of observations {list(rows)}; "
+                f"head {head!r} expects {expected} ([rows, action_dim]) "
+                "(docs/networks.md#factory)"
+            )
 
 
 def build_models(specs: Mapping[str, ModuleSpec], seed: int) -> dict[str, nn.Module]:

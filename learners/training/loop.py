@@ -14,6 +14,7 @@ from typing import Any
 
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import MetaBatch
+from learners.meta.vectorized_check import check_vectorized_gradients
 from learners.training.prefetch import Prefetcher
 
 History = dict[str, list[float]]
@@ -56,6 +57,7 @@ def run_meta_training(
     on_log: OnLog | None = None,
     on_checkpoint: OnCheckpoint | None = None,
     prefetch: int = 0,
+    check_vectorized: bool = False,
 ) -> History:
     """Meta-steps ``start + 1 .. stop`` on the meta-batches, in order; returns the history.
 
@@ -65,6 +67,9 @@ def run_meta_training(
     at the log points) and after the last one. ``prefetch`` > 0 reads up to that many
     meta-batches ahead in a thread (``learners.training.prefetch``), never past the next checkpoint:
     when ``on_checkpoint`` runs, exactly the meta-batches stepped have been read.
+    ``check_vectorized`` compares the vmapped meta-gradients of the first meta-batch with the
+    per-task loop's before stepping (``learners.meta.vectorized_check``; the RNG is left as
+    it was, so the steps are the same with or without it).
     """
     history_every = log_every if history_every is None else history_every
     cadences = (
@@ -113,6 +118,8 @@ def run_meta_training(
                     f"meta_batches ran out after {iteration - start} meta-batches; "
                     f"expected {stop - start} (iterations {start + 1}..{stop})"
                 ) from None
+            if check_vectorized and iteration == start:
+                check_vectorized_gradients(learner, meta_batch)
             learner.step(meta_batch, support_loss_after=read_later(iteration + 1))
             iteration += 1
             last = iteration == stop

@@ -36,10 +36,13 @@ def test_shipped_configs_validate_and_fit_their_samples(name: str) -> None:
     assert cfg.data.heldout == f"data/samples/{dataset}/heldout"
     assert cfg.evaluation.steps == (0, 1, 5, 10)
     assert cfg.learners.num_learners == 0
-    # The learner section is a MetaConfig: the learner part rebuilds without num_learners.
+    # The learner section is a MetaConfig: the learner part rebuilds without the run's own
+    # fields (placement, the vectorized self-check).
     meta = cfg.learners.meta_config()
     assert type(meta) is MetaConfig
-    assert meta.model_dump() == cfg.learners.model_dump(exclude={"num_learners"})
+    assert meta.model_dump() == cfg.learners.model_dump(
+        exclude={"num_learners", "check_vectorized"}
+    )
 
 
 def test_overrides_reach_nested_learner_fields_and_are_parsed_as_yaml() -> None:
@@ -76,7 +79,7 @@ def test_dumped_config_validates_back_to_the_same_config() -> None:
 def test_learners_section_is_a_meta_config_plus_placement() -> None:
     assert issubclass(LearnersConfig, MetaConfig)
     own = set(LearnersConfig.model_fields) - set(MetaConfig.model_fields)
-    assert own == {"num_learners"}
+    assert own == {"num_learners", "check_vectorized"}
 
 
 @pytest.mark.parametrize(

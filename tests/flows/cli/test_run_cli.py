@@ -17,11 +17,14 @@ from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.responses import DeploymentResponse
 
 from flows.cli import main
+from flows.cli.run import _networks_build
+from flows.config import load_config
 from tests.helpers.flow_runs import tiny_document, tiny_point_robot, write_config
 from tests.helpers.paths import REPO
 
 SERVE_TIMEOUT_S = 240
 SAMPLES = REPO / "data" / "samples"
+NETS = "tests.learners.models.factory_nets"
 # Runs `offmeta ARGS` (the console script's `main`) and prints which of Ray and Prefect the
 # process imported: a run refused before they start has imported neither.
 PROBE = """
@@ -146,6 +149,58 @@ def test_run_refuses_tasks_the_train_stage_cannot_sample_before_starting_ray_or_
     assert (done.returncode, done.stdout) == (1, "[]\n")
     train = SAMPLES / "point_robot" / "train"
     assert done.stderr == f"offmeta run: train dataset {train}: {refusal}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+_LAYER_NORM_REFUSAL = (
+    "learners.modules.default_policy: default_policy.net.1 is an nn.LayerNorm, and torch's "
+    "vmap batching rule for the input gradient of layer_norm's backward is wrong "
+    "(pytorch/functorch#534), so algorithm 'maml' (second order) under learners.vectorize: "
+    "vmap would train on wrong meta-gradients; set learners.vectorize: loop, use a first-order "
+    "algorithm (learners.algorithm: fomaml), or write the layer norm from mean and var "
+    "(docs/networks.md#vmap)"
+)
+
+
+def _factory_setting(net: str) -> str:
+    return f"learners.modules.default_policy.model.factory={NETS}:{net}"
+
+
+@pytest.mark.parametrize(
+    ("net", "refusal"),
+    [
+        ("layer_norm_net", _LAYER_NORM_REFUSAL),
+        (
+            "wide_net",
+            f"learners.modules.default_policy.model.factory '{NETS}:wide_net' gives [2, 3] on a "
+            "dummy batch of observations [2, 2]; head 'deterministic' expects [2, 2] "
+            "([rows, action_dim]) (docs/networks.md#factory)",
+        ),
+    ],
+    ids=["layer_norm", "head"],
+)
+def test_the_network_checks_before_ray_refuse_a_network_that_cannot_train_right(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], net: str, refusal: str
+) -> None:
+    """The check ``offmeta run`` makes of the networks before Ray and Prefect start, in this
+    process (the subprocess test below shows it runs before them)."""
+    args = _sample_run_args(tmp_path, _factory_setting(net))
+    cfg = load_config(args[2], args[4::2])
+    assert _networks_build(cfg) is False
+    assert capsys.readouterr().err == f"offmeta run: {refusal}\n"
+    assert _networks_build(load_config(args[2], args[4:-2:2])) is True
+
+
+@pytest.mark.system
+@pytest.mark.timeout(300)
+def test_run_refuses_a_layer_norm_under_second_order_vmap_before_starting_ray_or_prefect(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = _sample_run_args(tmp_path, _factory_setting("layer_norm_net"))
+    done = _offmeta_probe(args, cwd=tmp_path, env=env)
+    assert (done.returncode, done.stdout) == (1, "[]\n")
+    assert done.stderr == f"offmeta run: {_LAYER_NORM_REFUSAL}\n"
     assert list(tmp_path.iterdir()) == []
 
 

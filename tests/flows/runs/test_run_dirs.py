@@ -67,6 +67,7 @@ def test_the_identity_ignores_only_how_a_run_is_run(tmp_path: Path) -> None:
             "training.keep_checkpoints=9",
             "training.keep_runs=1",
             "training.keep_unfinished_days=0.5",
+            "learners.check_vectorized=off",
         ],
     )
     assert config_identity(same) == config_identity(cfg)

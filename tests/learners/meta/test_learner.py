@@ -322,6 +322,28 @@ def test_the_per_task_loop_raises_an_inner_nonfinite_error_at_once():
     _assert_unchanged(learner, snapshot)
 
 
+def test_evaluate_reports_a_nonfinite_inner_step_under_vmap_as_training_does():
+    batch = _nan_in(_meta_batch(), "support")
+    with pytest.raises(NonFiniteGradientError) as error:
+        MetaLearner(_config()).evaluate_tasks(batch, steps=(0, 1, 3))
+    assert str(error.value) == (
+        "non-finite inner gradient for module 'm': met in 1 of 4 tasks adapting for evaluate "
+        "(steps [0, 1, 3]); lower inner.lr, set inner.clip_norm, or choose inner.nonfinite "
+        "'skip' or 'zero'"
+    )
+    with pytest.raises(NonFiniteGradientError, match="the updated parameters are non-finite"):
+        MetaLearner(_config(vectorize="loop")).evaluate_tasks(batch, steps=(0, 1, 3))
+    for policy in ("skip", "zero"):  # these policies step on, under vmap as in the loop
+        curves = [
+            MetaLearner(
+                _config(vectorize=v, inner={"lr": 0.1, "nonfinite": policy})
+            ).evaluate_tasks(_nan_in(_meta_batch(), "support"), steps=(1,))[1]
+            for v in ("vmap", "loop")
+        ]
+        tol = _OPS * torch.finfo(F64).eps * float(curves[1].abs().max())
+        torch.testing.assert_close(curves[0], curves[1], rtol=0, atol=tol)
+
+
 def test_outer_nonfinite_policies():
     meta_batch = _nan_in(_meta_batch(), "query")
     raising = MetaLearner(_config())

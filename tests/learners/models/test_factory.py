@@ -56,7 +56,7 @@ def test_the_factory_gets_the_observation_shape_the_action_size_and_its_kwargs()
     network = build_model(spec)
     # kwargs are JSON values, the same in training and in load_learner: a tuple is a list.
     assert factory_nets.SEEN == [((3, 4), 5, {"sizes": [4, 4], "name": "x"})]
-    assert isinstance(network, torch.nn.Linear)
+    assert isinstance(network[1], torch.nn.Linear)
     factory_nets.SEEN.clear()
     build_model(ModuleSpec(obs_dim=6, action_dim=2, model={"factory": f"{NETS}:recording_net"}))
     assert factory_nets.SEEN == [((6,), 2, {})]
@@ -185,12 +185,49 @@ def test_a_gaussian_factory_is_read_by_the_gaussian_nll_loss():
             "over tasks cannot carry (e.g. BatchNorm running statistics); use a norm without "
             "running statistics (GroupNorm)",
         ),
+        (
+            f"{NETS}:wide_net",
+            f"learners.modules.m.model.factory '{NETS}:wide_net' gives [2, 2] on a dummy batch "
+            "of observations [2, 2]; head 'deterministic' expects [2, 1] ([rows, action_dim]) "
+            "(docs/networks.md#factory)",
+        ),
     ],
 )
 def test_a_factory_that_cannot_build_the_network_is_refused_in_one_line(factory, message):
     with pytest.raises(ValueError) as error:
         MetaLearner(_config({"factory": factory}))
     assert str(error.value) == message
+
+
+def test_a_factory_whose_forward_fails_on_shaped_observations_is_refused_in_one_line():
+    spec = ModuleSpec(
+        obs_dim=12, obs_shape=[3, 4], action_dim=5, model={"factory": f"{NETS}:unflattened_net"}
+    )
+    with pytest.raises(ValueError) as error:
+        build_model(spec, module_id="m")
+    assert str(error.value) == (
+        f"learners.modules.m.model.factory '{NETS}:unflattened_net' raised RuntimeError on a "
+        "dummy batch of observations [2, 3, 4]: mat1 and mat2 shapes cannot be multiplied (6x4 "
+        "and 12x5); its forward must take [rows, *obs_shape] (docs/networks.md#factory)"
+    )
+
+
+def test_a_factory_without_the_tensors_its_head_names_is_refused_in_one_line():
+    model = {"factory": f"{NETS}:mean_only_net", "head": "gaussian"}
+    with pytest.raises(ValueError) as error:
+        MetaLearner(
+            _config(
+                model,
+                modules={
+                    "m": {**_config()["modules"]["m"], "model": model, "loss": "gaussian_nll"}
+                },
+            )
+        )
+    assert str(error.value) == (
+        f"learners.modules.m.model.factory '{NETS}:mean_only_net' gives ['mean'] on a dummy "
+        "batch of observations [2, 2]; head 'gaussian' expects a dict with ['mean', 'log_std'], "
+        "each shaped [2, 1] (docs/networks.md#factory)"
+    )
 
 
 @pytest.mark.parametrize(
