@@ -136,6 +136,13 @@ class DataConfig(BaseModel):
         "held-out evaluation separately, applied while reading and recorded in lineage "
         "(see docs/selection.md).",
     )
+    normalize: list[Literal["obs"]] = Field(
+        default_factory=list,
+        description="Inputs standardised per feature with the training data's mean and std "
+        "(gathered by the value checks: data.check_values full or sample): obs. Stored with "
+        "the learner (learners.modules.*.input_stats), so every consumer passes raw "
+        "observations (see docs/normalization.md).",
+    )
     validation_memory_mb: float = Field(
         VALIDATION_MEMORY_MB,
         gt=0,

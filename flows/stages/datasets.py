@@ -113,6 +113,7 @@ def _read_options(cfg: MetaTrainConfig, split: str) -> dict[str, Any]:
         "check_values": cfg.data.check_values,
         "validation_memory_mb": cfg.data.validation_memory_mb,
         "episodes_where": episode_filter(cfg, split),
+        "normalize": tuple(cfg.data.normalize) if split == "train" else (),
     }
 
 

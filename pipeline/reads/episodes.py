@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +124,7 @@ def inspect_episodes(
     check_values: CheckValues = "full",
     validation_memory_mb: float = VALIDATION_MEMORY_MB,
     episodes_where: EpisodeFilter | None = None,
+    normalize: Sequence[str] = (),
 ) -> DatasetInfo:
     """Validate a dataset and describe it, reading footers, id columns, value columns and
     file bytes.
@@ -140,7 +141,8 @@ def inspect_episodes(
     ``validation_memory_mb`` bounds the id checks' memory: above it they sort the ids on disk
     (``pipeline.contract.id_checks``). ``episodes_where`` selects episodes by their
     columns (``pipeline.reads.selection``): ``selection`` says which, and every read keeps
-    only their rows.
+    only their rows. ``normalize`` names float columns whose per-feature statistics the
+    value checks gather on the way (``values.stats``; over the episodes kept).
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
@@ -161,10 +163,13 @@ def inspect_episodes(
     if metadata is not None:
         check_task_ids(metadata, resolved, ids.task_ids)
     action_space = None if metadata is None else metadata.action_space
-    values = check_value_columns(resolved, facts, schema, action_space, check_values)
     selection = None
     if episodes_where is not None:
         selection = select_episodes(resolved, facts[0].types, schema, episodes_where)
+    kept = None if selection is None else selection.kept
+    values = check_value_columns(
+        resolved, facts, schema, action_space, check_values, normalize, kept
+    )
     fingerprint, sizes = _fingerprint(resolved, metadata_bytes)
     return DatasetInfo(
         schema=schema,
@@ -194,6 +199,7 @@ def read_episodes(
     check_values: CheckValues = "full",
     validation_memory_mb: float = VALIDATION_MEMORY_MB,
     episodes_where: EpisodeFilter | None = None,
+    normalize: Sequence[str] = (),
     validated: DatasetInfo | None = None,
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
@@ -217,6 +223,7 @@ def read_episodes(
         check_values=check_values,
         validation_memory_mb=validation_memory_mb,
         episodes_where=episodes_where,
+        normalize=normalize,
     )
     dataset = read_grouped(info.files, info.file_sizes, info.file_rows, info.filesystem)
     fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
