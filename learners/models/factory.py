@@ -111,8 +111,9 @@ class Standardize:
     not parameters or buffers, so vmap, grad and the compiled step see no state."""
 
     def __init__(self, stats: InputStats, shape: tuple[int, ...]) -> None:
-        self.mean = torch.tensor(stats.mean, dtype=torch.float64).reshape(shape)
-        self.std = torch.tensor(stats.std, dtype=torch.float64).reshape(shape)
+        # On the CPU whatever device the network is built on (learners build on "meta").
+        self.mean = torch.tensor(stats.mean, dtype=torch.float64, device="cpu").reshape(shape)
+        self.std = torch.tensor(stats.std, dtype=torch.float64, device="cpu").reshape(shape)
 
     def __call__(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
