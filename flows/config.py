@@ -44,8 +44,8 @@ class EpisodeConditionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     column: str = Field(
-        description="Column the condition reads (a pass-through column such as a behaviour "
-        "label, or a canonical one), as named on disk."
+        description="Column the condition reads: a pass-through column (such as a "
+        "behaviour label) as named on disk, or a canonical column by its canonical name."
     )
     in_: list[Scalar] | None = Field(
         None,
