@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flows.config import ConfigError, load_config
+from flows.evaluation.heldout import EvaluationReport
 from flows.stages.datasets import inspect_datasets
 from pipeline.contract.schema import DatasetError
 from tests.helpers.paths import REPO
@@ -47,3 +48,18 @@ def test_a_held_out_condition_on_a_missing_column_names_its_key_and_the_column()
         "columns: actions, behavior, eps_id, new_obs, obs, rewards, t, task_id, terminateds, "
         "truncateds); expected a column of every file, such as a pass-through behaviour label"
     )
+
+
+def test_the_held_out_report_names_the_conditions() -> None:
+    report = EvaluationReport(
+        tasks=2,
+        support=3,
+        query=4,
+        query_loss={0: 1.0, 1: 0.5},
+        episodes_where=["behavior in ['noisy_expert']"],
+    )
+    assert report.format().splitlines()[0] == (
+        "held-out evaluation: 2 tasks, K=3 support / Q=4 query transitions, held-out "
+        "episodes where behavior in ['noisy_expert']"
+    )
+    assert report.to_dict()["episodes_where"] == ["behavior in ['noisy_expert']"]
