@@ -33,6 +33,70 @@ _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
 
 
+Scalar = str | int | float | bool
+
+
+class EpisodeConditionConfig(BaseModel):
+    """One condition of ``data.episodes_where``: a column and exactly one of ``in``,
+    ``not_in`` or ``ever``, decided per episode over all of its rows (see
+    pipeline.reads.selection and docs/selection.md)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    column: str = Field(
+        description="Column the condition reads: a pass-through column (such as a "
+        "behaviour label) as named on disk, or a canonical column by its canonical name."
+    )
+    in_: list[Scalar] | None = Field(
+        None,
+        alias="in",
+        min_length=1,
+        description="Keep an episode when every one of its rows holds one of these values.",
+    )
+    not_in: list[Scalar] | None = Field(
+        None,
+        min_length=1,
+        description="Keep an episode when none of its rows holds one of these values.",
+    )
+    ever: Scalar | None = Field(
+        None, description="Keep an episode when some row holds this value (ever: true)."
+    )
+
+    @model_validator(mode="after")
+    def _one_test(self) -> EpisodeConditionConfig:
+        chosen = [name for name in ("in_", "not_in", "ever") if name in self.model_fields_set]
+        if len(chosen) != 1:
+            raise ValueError(
+                f"column {self.column!r}: expected exactly one of in, not_in, ever; got "
+                f"{len(chosen)}"
+            )
+        return self
+
+    def as_condition(self) -> tuple[str, str, tuple[Any, ...]]:
+        """``(column, kind, values)``, the words of ``pipeline.reads.selection``."""
+        if "in_" in self.model_fields_set:
+            return self.column, "in", tuple(self.in_ or ())
+        if "not_in" in self.model_fields_set:
+            return self.column, "not_in", tuple(self.not_in or ())
+        return self.column, "ever", (self.ever,)
+
+
+class EpisodesWhereConfig(BaseModel):
+    """Which episodes each dataset keeps; every condition of a list must hold."""
+
+    model_config = _STRICT
+
+    train: list[EpisodeConditionConfig] = Field(
+        default_factory=list,
+        description="Conditions on the training episodes (empty: every episode is kept).",
+    )
+    heldout: list[EpisodeConditionConfig] = Field(
+        default_factory=list,
+        description="Conditions on the held-out episodes evaluation adapts on and scores "
+        "(empty: every episode is kept).",
+    )
+
+
 class DataConfig(BaseModel):
     """Where the episodes are. Paths are relative to the working directory of the run."""
 
@@ -66,6 +130,19 @@ class DataConfig(BaseModel):
         "pipeline.contract.value_checks.",
     )
 
+    episodes_where: EpisodesWhereConfig = Field(
+        default_factory=EpisodesWhereConfig,
+        description="Keep only the episodes whose columns match, for training and for "
+        "held-out evaluation separately, applied while reading and recorded in lineage "
+        "(see docs/selection.md).",
+    )
+    normalize: list[Literal["obs"]] = Field(
+        default_factory=list,
+        description="Inputs standardised per feature with the training data's mean and std "
+        "(gathered by the value checks: data.check_values full or sample): obs. Stored with "
+        "the learner (learners.modules.*.input_stats), so every consumer passes raw "
+        "observations (see docs/normalization.md).",
+    )
     validation_memory_mb: float = Field(
         VALIDATION_MEMORY_MB,
         gt=0,

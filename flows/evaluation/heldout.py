@@ -79,6 +79,8 @@ class EvaluationReport:
     """Each rolled-out policy's mean episode length in steps."""
     context: str = "offline: random transitions"
     """Which support sets (contexts) the held-out tasks were adapted on, and their size."""
+    episodes_where: list[str] | None = None
+    """The conditions ``data.episodes_where.heldout`` kept episodes by (``None``: all)."""
     trajectories: dict[str, Any] | None = field(default=None, repr=False)
     """Episodes on a few goals for ``rollouts.png`` (``flows.evaluation.trajectories``); stored as
     rollouts.json, left out of ``to_dict``."""
@@ -150,6 +152,8 @@ class EvaluationReport:
         )
         if self.returns is not None:
             title += f", {self.rollout_episodes} {self.environment} episodes per task"
+        if self.episodes_where:
+            title += f", held-out episodes where {' and '.join(self.episodes_where)}"
         rows = self.table()
         columns = ("measure", "value", "change")
         widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
@@ -236,6 +240,9 @@ def evaluate(
         query_loss={steps: float(losses.mean()) for steps, losses in per_task.items()},
         task_ids=tuple(task_ids),
         query_loss_per_task={steps: losses.tolist() for steps, losses in per_task.items()},
+        episodes_where=(
+            None if heldout.selection is None else heldout.selection.summary()["where"]
+        ),
         **_rollout_fields(
             cfg, learner, meta_batch, task_ids, samples.arrays["rewards"], heldout, envs
         ),
@@ -262,7 +269,8 @@ def _rollout_fields(
     rollouts = roll_out_tasks(learner, meta_batch, task_ids, envs, settings, obs_layout=layout)
     stats = rollouts.stats()
     returns = {policy: s.mean_return for policy, s in stats.items()}
-    returns["behavior"] = _behavior_return(rewards, heldout.num_episodes)
+    episodes = heldout.num_episodes if heldout.selection is None else len(heldout.selection.kept)
+    returns["behavior"] = _behavior_return(rewards, episodes)
     success = {p: s.success_rate for p, s in stats.items() if s.success_rate is not None}
     final = {p: s.final_success_rate for p, s in stats.items() if s.final_success_rate is not None}
     return {

@@ -36,6 +36,7 @@ from flows.runs.run_storage import S3Access, is_s3
 from flows.runs.train_state import TrainResult, train_result
 from flows.scale_out.cluster_storage import alive_nodes, check_reachable, cluster_error, ray_storage
 from flows.scale_out.worker import WorkerFault, train_loop_per_worker
+from flows.stages.normalization import learner_config
 from flows.stages.task_checks import sampling_options
 from flows.stages.train import warm_start
 from learners.meta.learner import MetaLearner
@@ -119,7 +120,7 @@ def train_on_ray(
     check_reachable(cfg, alive_nodes())
     storage_path, storage_filesystem = ray_storage(run_dir)
     scaling = scaling_config(cfg, ray.cluster_resources())
-    initial_state, parent = _initial_state(cfg, logger)
+    initial_state, parent = _initial_state(cfg, data, logger)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -204,11 +205,11 @@ def _fit(trainer: Any, run_dir: str | Path) -> Any:
 
 
 def _initial_state(
-    cfg: MetaTrainConfig, logger: logging.Logger | logging.LoggerAdapter
+    cfg: MetaTrainConfig, data: Episodes, logger: logging.Logger | logging.LoggerAdapter
 ) -> tuple[dict[str, Any], str | None]:
     """The learner state every worker starts from, and the warm-start parent (if any);
     seeded exactly as the in-process stage seeds its learner."""
-    learner = MetaLearner(cfg.learners.meta_config())
+    learner = MetaLearner(learner_config(cfg, data))
     torch.manual_seed(cfg.training.seed)
     parent = warm_start(cfg, learner, logger) if cfg.training.warm_start else None
     return learner.get_state(), parent

@@ -17,6 +17,7 @@ from flows.stages.task_checks import check_task_sampling
 from learners.models.spec import ModuleSpec
 from pipeline.contract.schema import DatasetError
 from pipeline.reads.episodes import DatasetInfo, Episodes, inspect_episodes, read_episodes
+from pipeline.reads.selection import EpisodeCondition, EpisodeFilter
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,17 @@ def validate_datasets(cfg: MetaTrainConfig) -> Datasets:
     ``cfg.evaluation`` (``flows.stages.task_checks``). Raises ``DatasetError`` naming the
     dataset, the config field, what was found and what was expected.
     """
-    options = _read_options(cfg)
     found = _inspected.get(_memo_key(cfg))
     if found is not None and all(map(_unchanged, found)):
-        train = read_episodes(cfg.data.train, **options, validated=found[0].info)
-        heldout = read_episodes(cfg.data.heldout, **options, validated=found[1].info)
+        train = read_episodes(
+            cfg.data.train, **_read_options(cfg, "train"), validated=found[0].info
+        )
+        heldout = read_episodes(
+            cfg.data.heldout, **_read_options(cfg, "heldout"), validated=found[1].info
+        )
         return Datasets(train=train, heldout=heldout)
-    train = read_episodes(cfg.data.train, **options)
-    heldout = read_episodes(cfg.data.heldout, **options)
+    train = read_episodes(cfg.data.train, **_read_options(cfg, "train"))
+    heldout = read_episodes(cfg.data.heldout, **_read_options(cfg, "heldout"))
     _check_fit(cfg, train, heldout)
     return Datasets(train=train, heldout=heldout)
 
@@ -56,8 +60,8 @@ def inspect_datasets(cfg: MetaTrainConfig) -> tuple[DatasetInfo, DatasetInfo]:
     """``validate_datasets``'s checks without Ray: ``(train, heldout)`` described by
     ``inspect_episodes`` (the checks ``offmeta data validate`` runs), or ``DatasetError``
     with the message ``validate_datasets`` would raise."""
-    train = inspect_episodes(cfg.data.train, **_read_options(cfg))
-    heldout = inspect_episodes(cfg.data.heldout, **_read_options(cfg))
+    train = inspect_episodes(cfg.data.train, **_read_options(cfg, "train"))
+    heldout = inspect_episodes(cfg.data.heldout, **_read_options(cfg, "heldout"))
     _check_fit(cfg, train, heldout)
     _inspected.clear()
     _inspected[_memo_key(cfg)] = (_inspected_now(train), _inspected_now(heldout))
@@ -101,14 +105,28 @@ def value_warnings(*datasets: DatasetInfo) -> list[str]:
     return [info.values.warning for info in datasets if info.values.warning]
 
 
-def _read_options(cfg: MetaTrainConfig) -> dict[str, Any]:
-    """The ``data`` settings every read of a run's datasets takes."""
+def _read_options(cfg: MetaTrainConfig, split: str) -> dict[str, Any]:
+    """The ``data`` settings every read of a run's ``split`` dataset takes."""
     return {
         "column_map": cfg.data.column_map or None,
         "allow_partial_episodes": cfg.data.allow_partial_episodes,
         "check_values": cfg.data.check_values,
         "validation_memory_mb": cfg.data.validation_memory_mb,
+        "episodes_where": episode_filter(cfg, split),
+        "normalize": tuple(cfg.data.normalize) if split == "train" else (),
     }
+
+
+def episode_filter(cfg: MetaTrainConfig, split: str) -> EpisodeFilter | None:
+    """``data.episodes_where.<split>`` in the words of ``pipeline.reads.selection``;
+    ``None`` when it keeps every episode."""
+    conditions = getattr(cfg.data.episodes_where, split)
+    if not conditions:
+        return None
+    return EpisodeFilter(
+        tuple(EpisodeCondition(*condition.as_condition()) for condition in conditions),
+        label=f"data.episodes_where.{split}",
+    )
 
 
 def _check_fit(cfg: MetaTrainConfig, train: DatasetInfo, heldout: DatasetInfo) -> None:

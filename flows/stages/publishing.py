@@ -77,6 +77,7 @@ def publish(
             "num_learners": trained.num_learners,
             "worker_nodes": list(trained.worker_nodes),
             "checkpoint": _checkpoint_uri(trained.checkpoint),
+            **_selections(datasets),
         },
     )
     files = [
@@ -227,3 +228,13 @@ def _checkpoint_uri(checkpoint: Path | str) -> str:
     if isinstance(checkpoint, str) and checkpoint.lower().startswith("s3://"):
         return checkpoint
     return Path(checkpoint).absolute().as_uri()
+
+
+def _selections(datasets: Datasets) -> dict[str, Any]:
+    """``{"episodes_where": {split: what it kept}}`` for the datasets a filter selected."""
+    kept = {
+        split: info.selection.summary()
+        for split, info in (("train", datasets.train), ("heldout", datasets.heldout))
+        if info.selection is not None
+    }
+    return {"episodes_where": kept} if kept else {}

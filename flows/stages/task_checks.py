@@ -107,7 +107,10 @@ def _check_episodes(
 def _group_sizes(info: DatasetInfo, modules: list[str]) -> dict[tuple[str, str], int]:
     """``(module, task)`` -> transitions, for the modules the learner reads; only the id
     columns are read, a row group at a time, so memory holds one row group and the counts
-    whatever the row count."""
+    whatever the row count. With ``data.episodes_where``, the rows of the episodes kept
+    (counted by the selection's own pass)."""
+    if info.selection is not None:
+        return {key: n for key, n in info.selection.sizes.items() if key[0] in modules}
     schema = info.schema
     ids = {
         canonical: schema.column_map.get(canonical, canonical)

@@ -22,6 +22,7 @@ import torch
 
 from flows.config import MetaTrainConfig
 from flows.runs.train_state import TrainResult, learner_shard, restore, train_result
+from flows.stages.normalization import learner_config
 from flows.stages.progress import TrainingProgress
 from flows.stages.task_checks import sampling_options
 from learners.meta.learner import MetaLearner
@@ -67,7 +68,7 @@ def train(
     (stream,) = split_for_learners(
         samples, 1, minibatch_size=tasks.meta_batch, seed=tasks.seed, device=training.device
     )
-    learner = MetaLearner(cfg.learners.meta_config(), device=training.device)
+    learner = MetaLearner(learner_config(cfg, data), device=training.device)
 
     with contextlib.closing(stream):
         found = latest_checkpoint(checkpoints)

@@ -370,7 +370,9 @@ class MetaLearner:
             )
         # How the step runs (compiled or eager, TF32 or not) does not change what it optimises.
         mine = self.config.model_dump(mode="json", exclude=set(_RUN_SETTINGS))
-        theirs = {k: v for k, v in state["config"].items() if k not in _RUN_SETTINGS}
+        # Validated first: a state saved before a field existed holds the field's default.
+        saved = MetaConfig.model_validate(state["config"]).model_dump(mode="json")
+        theirs = {k: v for k, v in saved.items() if k not in _RUN_SETTINGS}
         if theirs != mine:
             differing = sorted(k for k in mine if mine.get(k) != theirs.get(k))
             raise ValueError(

@@ -27,6 +27,7 @@ from torch import nn
 from learners.config import ModelConfig, ModuleSpec
 from learners.models.conv import conv_network
 from learners.models.mlp import mlp_network
+from learners.models.spec import InputStats
 
 NetworkFactory = Callable[..., nn.Module]
 """`(obs_shape, action_dim, **kwargs) -> nn.Module`."""
@@ -96,6 +97,9 @@ def build_model(spec: ModuleSpec, *, module_id: str | None = None) -> nn.Module:
             "cannot carry (e.g. BatchNorm running statistics); use a norm without running "
             "statistics (GroupNorm)"
         )
+    if spec.input_stats is not None:
+        standardize = Standardize(spec.input_stats, spec.observation_shape)
+        network.register_forward_pre_hook(standardize, with_kwargs=True)
     if spec.model.factory is not None and ":" not in spec.loss:
         _check_head_outputs(network, spec, f"{key} {name!r}")
     return network
@@ -144,6 +148,30 @@ def _check_head_outputs(network: nn.Module, spec: ModuleSpec, named: str) -> Non
                 f"head {head!r} expects {expected} ([rows, action_dim]) "
                 "(docs/networks.md#factory)"
             )
+
+
+class Standardize:
+    """A forward pre-hook giving the network ``(obs - mean) / std`` for its first input
+    (``obs``, positional or by name): the one place a module's observations are
+    standardised, so training, evaluation and every consumer that builds the module from
+    its spec apply the same function to raw observations. The statistics are constants,
+    not parameters or buffers, so vmap, grad and the compiled step see no state."""
+
+    def __init__(self, stats: InputStats, shape: tuple[int, ...]) -> None:
+        # On the CPU whatever device the network is built on (learners build on "meta").
+        self.mean = torch.tensor(stats.mean, dtype=torch.float64, device="cpu").reshape(shape)
+        self.std = torch.tensor(stats.std, dtype=torch.float64, device="cpu").reshape(shape)
+
+    def __call__(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if args:
+            return (self.apply(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "obs": self.apply(kwargs["obs"])}
+
+    def apply(self, obs: torch.Tensor) -> torch.Tensor:
+        """``(obs - mean) / std`` in ``obs``'s dtype and device."""
+        return (obs - self.mean.to(obs)) / self.std.to(obs)
 
 
 def build_models(specs: Mapping[str, ModuleSpec], seed: int) -> dict[str, nn.Module]:

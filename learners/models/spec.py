@@ -133,6 +133,26 @@ class ModelConfig(BaseModel):
         return self
 
 
+class InputStats(BaseModel):
+    """Per-feature statistics a module's observations are standardised with."""
+
+    model_config = _STRICT
+
+    mean: tuple[float, ...] = Field(description="Mean of each observation feature (flattened).")
+    std: tuple[float, ...] = Field(
+        description="Standard deviation of each feature (flattened), > 0 (a constant "
+        "feature's is 1)."
+    )
+
+    @model_validator(mode="after")
+    def _one_per_feature(self) -> InputStats:
+        if len(self.mean) != len(self.std):
+            raise ValueError(f"{len(self.mean)} means but {len(self.std)} standard deviations")
+        if any(not std > 0 for std in self.std):
+            raise ValueError(f"every std must be > 0, got {list(self.std)}")
+        return self
+
+
 class ModuleSpec(BaseModel):
     """One trainable module (policy, agent or regressor): its sizes, model and loss."""
 
@@ -168,6 +188,15 @@ class ModuleSpec(BaseModel):
             "Default: its own rows."
         ),
     )
+    input_stats: InputStats | None = Field(
+        None,
+        description=(
+            "Observations reach the network as (obs - mean) / std, every call (training, "
+            "evaluation, rollouts, load_learner, the MLflow pyfunc): a run sets them from "
+            "data.normalize's statistics of the training data (learners.models.factory). "
+            "None: observations as given."
+        ),
+    )
 
     @property
     def observation_shape(self) -> tuple[int, ...]:
@@ -183,6 +212,12 @@ class ModuleSpec(BaseModel):
             raise ValueError(
                 f"obs_shape {list(shape)} holds {math.prod(shape)} values but obs_dim is "
                 f"{self.obs_dim}; expected obs_dim: {math.prod(shape)}"
+            )
+        stats = self.input_stats
+        if stats is not None and len(stats.mean) != self.obs_dim:
+            raise ValueError(
+                f"input_stats hold {len(stats.mean)} features but obs_dim is {self.obs_dim}; "
+                "expected one mean and one std per observation feature"
             )
         if self.model.encoder == "conv" and len(self.observation_shape) != 3:
             raise ValueError(

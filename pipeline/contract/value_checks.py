@@ -27,12 +27,17 @@ each table read, and over discrete actions (their minimum and maximum, against 0
 declared ``action_space.n``), and only when it finds a NaN, an inf or an action out of range are
 the files read scanned again, as ``full`` would have, for the message validation gives.
 After ``full`` the reads check nothing (``ValueFacts.every_row``).
+
+The same pass gathers the statistics ``data.normalize`` asks for (``normalize``: float
+columns, per feature; ``pipeline.contract.feature_stats``) over the rows it reads: every row
+with ``full``, the sampled row groups' with ``sample``; with ``kept_episodes`` (the ids an
+``episodes_where`` selection keeps) only those episodes' rows count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +46,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.contract.dataset_json import Space
+from pipeline.contract.feature_stats import FeatureStats, StatsAccumulator
 from pipeline.contract.footer_checks import FileFacts, column_label
 from pipeline.contract.schema import CheckValues, DatasetError, EpisodeSchema
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource
@@ -65,6 +71,9 @@ class ValueFacts:
     """``action_space.n`` that discrete actions must lie below, when declared."""
     space_file: str = ""
     """The ``dataset.json`` declaring the action space, for the reads' messages."""
+    stats: dict[str, FeatureStats] = field(default_factory=dict)
+    """Column -> per-feature statistics of the rows scanned, for the columns ``normalize``
+    named."""
 
     @property
     def every_row(self) -> bool:
@@ -112,13 +121,25 @@ def check_value_columns(
     schema: EpisodeSchema,
     action_space: Space | None,
     check: CheckValues = "full",
+    normalize: Sequence[str] = (),
+    kept_episodes: pa.Array | None = None,
 ) -> ValueFacts:
-    """Refuse non-finite floats and out-of-range discrete actions (see module doc).
+    """Refuse non-finite floats and out-of-range discrete actions (see module doc), and
+    gather the statistics of the float columns ``normalize`` names.
 
     Raises ``DatasetError`` naming the file, the column, the number of offending rows and
     the first one (``eps_id``, ``t``).
     """
     rules = _rules(schema, action_space, f"{resolved.root.rstrip('/')}/{METADATA_FILE}")
+    unread = [c for c in normalize if c not in rules.floats]
+    if unread or (normalize and check == "off"):
+        raise DatasetError(
+            f"normalize {list(normalize)}: statistics come from the float columns the value "
+            f"checks scan ({', '.join(rules.floats)}; uint8 images are not standardised) with "
+            f"check_values full or sample, got check_values {check}; expected float columns "
+            "and check_values full or sample"
+        )
+    stats = _Stats({c: StatsAccumulator() for c in normalize}, kept_episodes)
     if check == "off":
         return ValueFacts("off", 0, discrete_n=rules.discrete_n, space_file=rules.space_file)
     checked, outside, first_outside = 0, 0, ""
@@ -131,7 +152,7 @@ def check_value_columns(
         before += fact.row_groups
         if not groups:
             continue
-        scan = _check_file(resolved.filesystem, fact, groups, schema, rules, check)
+        scan = _check_file(resolved.filesystem, fact, groups, schema, rules, check, stats)
         checked += scan.rows
         if scan.outside and not first_outside:
             first_outside = scan.first_outside
@@ -146,7 +167,15 @@ def check_value_columns(
             f"{_of_rows(checked, total, check)}, first in {first_outside}; kept as recorded "
             "(recorders often store actions before the environment clips them)"
         )
-    return ValueFacts(check, checked, outside, warning, rules.discrete_n, rules.space_file)
+    return ValueFacts(
+        check,
+        checked,
+        outside,
+        warning,
+        rules.discrete_n,
+        rules.space_file,
+        {column: running.result() for column, running in stats.columns.items()},
+    )
 
 
 def check_read_values(
@@ -208,6 +237,14 @@ def _rules(schema: EpisodeSchema, action_space: Space | None, space_file: str) -
 
 
 @dataclass(frozen=True)
+class _Stats:
+    """What the scan accumulates statistics of, and of which episodes' rows."""
+
+    columns: dict[str, StatsAccumulator]
+    kept_episodes: pa.Array | None = None
+
+
+@dataclass(frozen=True)
 class _FileScan:
     rows: int
     """Rows of the row groups checked."""
@@ -223,11 +260,12 @@ def _check_file(
     schema: EpisodeSchema,
     rules: _Rules,
     check: CheckValues,
+    stats: _Stats | None = None,
 ) -> _FileScan:
     try:
         with filesystem.open_input_file(fact.path) as handle:
             footer = pq.ParquetFile(handle)
-            found, outside = _scan(footer, groups, schema, rules)
+            found, outside = _scan(footer, groups, schema, rules, stats)
             rows = sum(footer.metadata.row_group(g).num_rows for g in groups)
             for column in _VALUE_COLUMNS:
                 if found[column].rows:
@@ -245,9 +283,14 @@ def _check_file(
 
 
 def _scan(
-    footer: pq.ParquetFile, groups: list[int], schema: EpisodeSchema, rules: _Rules
+    footer: pq.ParquetFile,
+    groups: list[int],
+    schema: EpisodeSchema,
+    rules: _Rules,
+    stats: _Stats | None = None,
 ) -> tuple[dict[str, _Found], _Found]:
-    """Offending rows per column, and rows outside the box, in ``groups`` of one file."""
+    """Offending rows per column, and rows outside the box, in ``groups`` of one file;
+    ``stats`` accumulate their columns' values on the way."""
     found = {column: _Found() for column in _VALUE_COLUMNS}
     outside = _Found()
     bounded = rules.low is not None or rules.high is not None
@@ -262,8 +305,12 @@ def _scan(
                 columns.append("actions")
         on_disk = [schema.column_map.get(c, c) for c in columns]
         table = footer.read_row_group(group, columns=on_disk)
+        kept = _kept_rows(footer, group, schema, stats)
         for column, values in zip(columns, table.columns, strict=True):
             flat, width = _flat(values)
+            if stats is not None and column in stats.columns:
+                rows = flat.reshape(-1, width)
+                stats.columns[column].add(rows if kept is None else rows[kept])
             if column == "actions" and rules.discrete:
                 outside_space = flat < 0
                 if rules.discrete_n is not None:
@@ -274,6 +321,17 @@ def _scan(
             if column == "actions" and bounded:
                 outside.add(_outside_rows(flat, width, rules), group)
     return found, outside
+
+
+def _kept_rows(
+    footer: pq.ParquetFile, group: int, schema: EpisodeSchema, stats: _Stats | None
+) -> np.ndarray | None:
+    """Which rows of a row group belong to the episodes kept (``None``: all of them)."""
+    if stats is None or not stats.columns or stats.kept_episodes is None:
+        return None
+    name = schema.column_map.get("eps_id", "eps_id")
+    ids = footer.read_row_group(group, columns=[name]).column(0)
+    return pc.is_in(ids, value_set=stats.kept_episodes).to_numpy(zero_copy_only=False)
 
 
 def _value_columns(rules: _Rules) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from pipeline.contract.value_checks import ValueFacts, check_value_columns
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource, Source, resolve_source, uri_of
 from pipeline.io.parquet_files import map_files
 from pipeline.reads.ray_logging import quiet_ray
+from pipeline.reads.selection import EpisodeFilter, EpisodeSelection, select_episodes
 
 if TYPE_CHECKING:
     import ray.data
@@ -77,6 +78,9 @@ class DatasetInfo:
     ``t``) that reads convert; known from the footers, so reads open no file to decide."""
     values: ValueFacts = field(repr=False)
     """What the value checks covered, and float actions outside a declared box."""
+    selection: EpisodeSelection | None = field(default=None, repr=False, kw_only=True)
+    """The episodes ``episodes_where`` keeps (every read keeps only their rows); ``None``:
+    every episode (``pipeline.reads.selection``)."""
 
     def summary(self) -> dict[str, Any]:
         """Plain-JSON description for logs, the CLI and artifact lineage; the count of float
@@ -99,6 +103,8 @@ class DatasetInfo:
             summary["observation_layout"] = self.schema.obs_layout
         if self.values.actions_outside_box:
             summary["actions_outside_box"] = self.values.actions_outside_box
+        if self.selection is not None:
+            summary["episodes_where"] = self.selection.summary()
         return summary
 
 
@@ -117,6 +123,8 @@ def inspect_episodes(
     allow_partial_episodes: bool = False,
     check_values: CheckValues = "full",
     validation_memory_mb: float = VALIDATION_MEMORY_MB,
+    episodes_where: EpisodeFilter | None = None,
+    normalize: Sequence[str] = (),
 ) -> DatasetInfo:
     """Validate a dataset and describe it, reading footers, id columns, value columns and
     file bytes.
@@ -131,7 +139,10 @@ def inspect_episodes(
     Float actions outside a declared box are not refused: ``values.warning`` says how many,
     for the caller to show (``offmeta data validate`` prints it), and ``summary()`` counts them.
     ``validation_memory_mb`` bounds the id checks' memory: above it they sort the ids on disk
-    (``pipeline.contract.id_checks``).
+    (``pipeline.contract.id_checks``). ``episodes_where`` selects episodes by their
+    columns (``pipeline.reads.selection``): ``selection`` says which, and every read keeps
+    only their rows. ``normalize`` names float columns whose per-feature statistics the
+    value checks gather on the way (``values.stats``; over the episodes kept).
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
@@ -153,7 +164,13 @@ def inspect_episodes(
     if metadata is not None:
         check_task_ids(metadata, resolved, ids.task_ids)
     action_space = None if metadata is None else metadata.action_space
-    values = check_value_columns(resolved, facts, schema, action_space, check_values)
+    selection = None
+    if episodes_where is not None:
+        selection = select_episodes(resolved, facts[0].types, schema, episodes_where)
+    kept = None if selection is None else selection.kept
+    values = check_value_columns(
+        resolved, facts, schema, action_space, check_values, normalize, kept
+    )
     fingerprint, sizes = _fingerprint(resolved, metadata_bytes)
     return DatasetInfo(
         schema=schema,
@@ -170,6 +187,7 @@ def inspect_episodes(
         filesystem=resolved.filesystem,
         needs_normalising=_needs_normalising(facts[0].types),
         values=values,
+        selection=selection,
     )
 
 
@@ -181,6 +199,8 @@ def read_episodes(
     allow_partial_episodes: bool = False,
     check_values: CheckValues = "full",
     validation_memory_mb: float = VALIDATION_MEMORY_MB,
+    episodes_where: EpisodeFilter | None = None,
+    normalize: Sequence[str] = (),
     validated: DatasetInfo | None = None,
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
@@ -203,6 +223,8 @@ def read_episodes(
         allow_partial_episodes=allow_partial_episodes,
         check_values=check_values,
         validation_memory_mb=validation_memory_mb,
+        episodes_where=episodes_where,
+        normalize=normalize,
     )
     dataset = read_grouped(info.files, info.file_sizes, info.file_rows, info.filesystem)
     fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
@@ -224,16 +246,23 @@ def to_canonical(info: DatasetInfo, dataset: ray.data.Dataset) -> ray.data.Datas
             batch_size=None,
             zero_copy_batch=True,
         )
+    if info.selection is not None:
+        from ray.data.expressions import col
+
+        dataset = dataset.filter(expr=col("eps_id").is_in(info.selection.kept.to_pylist()))
     return dataset
 
 
 def canonical_table(info: DatasetInfo, table: pa.Table) -> pa.Table:
     """``table``, read from one of ``info``'s validated files, with the canonical column
-    names and types (as ``to_canonical`` gives them in a Ray Dataset)."""
+    names and types (as ``to_canonical`` gives them in a Ray Dataset), and, with a
+    selection, only the rows of the episodes it keeps (``table`` then has ``eps_id``)."""
     renames = {on_disk: canonical for canonical, on_disk in info.schema.column_map.items()}
     if renames:
         table = table.rename_columns([renames.get(name, name) for name in table.column_names])
-    return _normalise_batch(table, info.root) if info.needs_normalising else table
+    table = _normalise_batch(table, info.root) if info.needs_normalising else table
+    selection = getattr(info, "selection", None)
+    return table if selection is None else selection.keep(table)
 
 
 def _needs_normalising(types: Mapping[str, pa.DataType]) -> bool:

@@ -26,6 +26,7 @@ import pyarrow as pa
 from pipeline.contract.value_checks import ValueFacts, check_read_values
 from pipeline.io.parquet_files import group_files, read_blocks
 from pipeline.reads.episodes import DatasetInfo, canonical_table
+from pipeline.reads.selection import EpisodeSelection
 
 AHEAD_BLOCKS = 4
 """Blocks a read task may hold that its consumer has not taken yet."""
@@ -48,16 +49,18 @@ def read_window(
     from pipeline.ray_compat import with_backpressure
     from pipeline.reads.file_groups import MAX_FILES_PER_TASK
 
-    on_disk = [info.schema.column_map.get(name, name) for name in columns]
+    # A selection keeps rows by episode: eps_id is read for it, then dropped.
+    read = list(dict.fromkeys([*columns, "eps_id"])) if info.selection else list(columns)
+    on_disk = [info.schema.column_map.get(name, name) for name in read]
     # Only what canonical_table needs travels with every task, not every file's name.
-    facts = _Canonical(info.schema, info.needs_normalising, info.values)
-    read = with_backpressure(_remote_read_group(), AHEAD_BLOCKS)
+    facts = _Canonical(info.schema, info.needs_normalising, info.values, info.selection)
+    remote = with_backpressure(_remote_read_group(), AHEAD_BLOCKS)
     generators = []
     try:
         for group in group_files([sizes[i] for i in positions], task_bytes, MAX_FILES_PER_TASK):
             chosen = positions[group.start : group.stop]
             generators.append(
-                read.remote(
+                remote.remote(
                     [info.files[i] for i in chosen],
                     [sizes[i] for i in chosen],
                     info.filesystem,
@@ -87,12 +90,20 @@ def _remote_read_group() -> Any:
 
 class _Canonical:
     """The parts of a ``DatasetInfo`` that ``canonical_table`` reads, and what validation
-    checked of the values (read values are checked again unless it scanned every row)."""
+    checked of the values (read values are checked again unless it scanned every row), and
+    the episodes ``episodes_where`` keeps."""
 
-    def __init__(self, schema: Any, needs_normalising: bool, values: ValueFacts) -> None:
+    def __init__(
+        self,
+        schema: Any,
+        needs_normalising: bool,
+        values: ValueFacts,
+        selection: EpisodeSelection | None,
+    ) -> None:
         self.schema = schema
         self.needs_normalising = needs_normalising
         self.values = values
+        self.selection = selection
 
 
 def _read_group(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from pipeline.contract.integer_range import with_step_type
 from pipeline.contract.schema import DatasetError, EpisodeSchema
 from pipeline.contract.value_checks import ValueFacts, check_read_values
 from pipeline.reads.episodes import DatasetInfo
+from pipeline.reads.selection import EpisodeSelection
 from pipeline.tasks.episodes import (
     EpisodeSupport,
     check_episode_sizes,
@@ -106,6 +107,9 @@ class TaskWindows:
     is checked (``pipeline.contract.value_checks.check_read_values``)."""
     episodes: EpisodeSupport | None = None
     """Support sets of episodes (``pipeline.tasks.episodes``); None: of K transitions."""
+    selection: EpisodeSelection | None = field(default=None, repr=False)
+    """The episodes ``episodes_where`` keeps: a window keeps only their rows, and is planned
+    from the rows they have (``pipeline.reads.selection``)."""
 
     @property
     def samples_per_epoch(self) -> int:
@@ -182,6 +186,8 @@ class TaskWindows:
         table = pa.concat_tables(parts).rename_columns(names)
         table = with_step_type(table, where=", ".join(files))
         table = of_modules(table, self.schema, self.modules)
+        if self.selection is not None:
+            table = self.selection.keep(table)
         if self.values is not None and not self.values.every_row:
             check_read_values(table, files, self.filesystem, self.schema, self.values)
         return table
@@ -221,11 +227,18 @@ def plan_task_windows(
     row_bytes += _DERIVED_BYTES * len(derived)
     window_rows = max(1, int(memory_budget_mb * _MB // (_COPIES * row_bytes)))
     spans = task_spans(info)
+    if info.selection is not None:
+        # Rows of the episodes kept, per task and module: what a window holds once read.
+        kept = info.selection.sizes
+        spans = [
+            replace(span, counts={m: kept.get((m, span.task), 0) for m in span.counts})
+            for span in spans
+        ]
     groups = sorted(
         (module, span.task, count)
         for span in spans
         for module, count in span.counts.items()
-        if modules is None or module in modules
+        if (modules is None or module in modules) and count
     )
     if not groups:
         raise DatasetError(no_rows_message(modules))
@@ -291,6 +304,7 @@ def plan_task_windows(
         gamma=gamma,
         values=info.values,
         episodes=episode_support,
+        selection=info.selection,
     )
 
 

@@ -1,0 +1,69 @@
+"""The statistics ``data.normalize`` standardises with, gathered by the value checks' pass
+(``pipeline.contract.feature_stats``, ``check_value_columns(normalize=...)``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.contract.feature_stats import StatsAccumulator
+from pipeline.contract.schema import DatasetError
+from pipeline.reads.episodes import inspect_episodes
+from pipeline.reads.selection import EpisodeCondition, EpisodeFilter
+from tests.helpers.paths import REPO
+
+MIXED = REPO / "data" / "samples" / "point_robot_mixed" / "train"
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, np.ndarray]:
+    table = pq.read_table(MIXED / "part-00000.parquet")
+    return {
+        "obs": np.asarray(table.column("obs").combine_chunks().to_numpy_ndarray(), np.float64),
+        "rewards": table.column("rewards").to_numpy().astype(np.float64)[:, None],
+        "behavior": np.asarray(table.column("behavior").to_pylist()),
+    }
+
+
+def _assert_stats_of(found, values: np.ndarray) -> None:
+    tolerance = len(values) * np.finfo(np.float64).eps * np.abs(values).max()
+    assert found.count == len(values)
+    np.testing.assert_allclose(found.mean, values.mean(axis=0), rtol=0, atol=tolerance)
+    np.testing.assert_allclose(found.std, values.std(axis=0), rtol=0, atol=tolerance)
+
+
+def test_the_statistics_are_numpys_over_the_training_rows(rows) -> None:
+    info = inspect_episodes(MIXED, normalize=("obs", "rewards"))
+    _assert_stats_of(info.values.stats["obs"], rows["obs"])
+    _assert_stats_of(info.values.stats["rewards"], rows["rewards"])
+
+
+def test_with_a_selection_only_the_kept_episodes_count(rows) -> None:
+    where = EpisodeFilter((EpisodeCondition("behavior", "in", ("noisy_expert",)),))
+    info = inspect_episodes(MIXED, normalize=("obs",), episodes_where=where)
+    _assert_stats_of(info.values.stats["obs"], rows["obs"][rows["behavior"] == "noisy_expert"])
+
+
+def test_row_groups_merge_to_the_statistics_of_all_rows_and_constants_get_std_one() -> None:
+    values = np.random.default_rng(0).normal(3.0, 2.0, size=(1000, 3))
+    values[:, 2] = 7.0  # a constant feature: divided by 1, not by 0
+    running = StatsAccumulator()
+    for part in np.array_split(values, 7):
+        running.add(part)
+    found = running.result()
+    tolerance = len(values) * np.finfo(np.float64).eps * np.abs(values).max()
+    np.testing.assert_allclose(found.mean, values.mean(axis=0), rtol=0, atol=tolerance)
+    np.testing.assert_allclose(found.std[:2], values[:, :2].std(axis=0), rtol=0, atol=tolerance)
+    assert found.std[2] == 1.0
+
+
+def test_unchecked_values_give_no_statistics() -> None:
+    with pytest.raises(DatasetError) as caught:
+        inspect_episodes(MIXED, normalize=("obs",), check_values="off")
+    assert str(caught.value) == (
+        "normalize ['obs']: statistics come from the float columns the value checks scan "
+        "(obs, new_obs, actions, rewards; uint8 images are not standardised) with "
+        "check_values full or sample, got check_values off; expected float columns and "
+        "check_values full or sample"
+    )
