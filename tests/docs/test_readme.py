@@ -1,6 +1,6 @@
-"""README.md is the front page: under 12 KB, the two commands first, and every link to the
-docs lands on a page and, where it names one, a heading anchor of that page. Its code blocks
-run with the docs' (tests/docs/test_examples.py)."""
+"""README.md is the front page: under 12 KB, its commands first (the quick tests before the
+system tests), and every link to the docs lands on a page and, where it names one, a heading
+anchor of that page. Its code blocks run with the docs' (tests/docs/test_examples.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_the_readme_starts_with_the_two_commands():
     assert first_block is not None
     assert text.index("```bash") < text.index("\n## ")
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
-    assert commands == ["make run", "make test"]
+    assert commands == ["make run", "make test", "make test-system"]  # the quick tier first
 
 
 def _anchors(page: str) -> set[str]:

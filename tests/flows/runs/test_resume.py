@@ -25,7 +25,7 @@ from pipeline.artifacts import ArtifactStore
 from pipeline.synthetic import SinusoidTasks, generate
 from tests.helpers.offmeta_process import offmeta, reap
 
-pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_session")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("prefect_harness", "ray_session")]
 
 ITERATIONS, CHECKPOINT_EVERY = 1000, 100
 PROCESS_TIMEOUT_S = 240

@@ -25,6 +25,8 @@ import pytest
 
 from tests.helpers.s3_server import client_environment, moto_server
 
+pytestmark = pytest.mark.system
+
 RACERS = 8
 ROUNDS_PER_BATCH = 30
 # Each racer sleeps until the round's start time, then tries to create race/<round>.
