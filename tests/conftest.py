@@ -54,7 +54,12 @@ def ray_session() -> Iterator[None]:
     """One local Ray instance shared by every test that needs it; always shut down."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as error:  # Ray's own waits (its GCS, the raylet) name no test fixture
+        raise RuntimeError(
+            f"the session's local Ray (ray.init, num_cpus=2) did not start: {error}"
+        ) from error
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
