@@ -16,7 +16,7 @@ def test_the_readme_stays_a_front_page():
     assert len(README.read_bytes()) <= LIMIT_BYTES
 
 
-def test_the_readme_starts_with_the_two_commands():
+def test_the_readme_starts_with_its_commands_the_quick_tests_first():
     text = README.read_text()
     first_block = re.search(r"```bash\n(.*?)```", text, flags=re.DOTALL)
     assert first_block is not None
