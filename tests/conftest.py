@@ -3,6 +3,7 @@ loopback MLflow server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 if not os.environ["PREFECT_API_DATABASE_CONNECTION_URL"]:
     del os.environ["PREFECT_API_DATABASE_CONNECTION_URL"]
+PREFECT_STARTUP_S = 180
+"""How long the session's Prefect test server may take to answer (over a minute under load)."""
 
 from typing import TYPE_CHECKING  # noqa: E402
 
@@ -51,7 +54,12 @@ def ray_session() -> Iterator[None]:
     """One local Ray instance shared by every test that needs it; always shut down."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as error:  # Ray's own waits (its GCS, the raylet) name no test fixture
+        raise RuntimeError(
+            f"the session's local Ray (ray.init, num_cpus=2) did not start: {error}"
+        ) from error
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
@@ -67,9 +75,16 @@ def prefect_harness() -> Iterator[None]:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    # Under load (CI shares its 2 cores with nothing, a developer machine may not) the
-    # server can take over a minute to start: its startup is not what the tests measure.
-    with prefect_test_harness(server_startup_timeout=180):
+    with contextlib.ExitStack() as stack:
+        # Under load (CI shares its 2 cores with nothing, a developer machine may not) the
+        # server can take over a minute to start: its startup is not what the tests measure.
+        try:
+            stack.enter_context(prefect_test_harness(server_startup_timeout=PREFECT_STARTUP_S))
+        except RuntimeError as error:  # Prefect's own says "Timed out ..." without the limit
+            raise RuntimeError(
+                "the session's Prefect test server (prefect_test_harness) did not answer "
+                f"within {PREFECT_STARTUP_S} s: {error}"
+            ) from error
         # In the environment too, as a user's PREFECT_API_URL would be: `offmeta run` then
         # checks this server instead of starting a temporary one of its own.
         before = os.environ.get("PREFECT_API_URL")

@@ -5,12 +5,8 @@ the parent."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
@@ -30,38 +26,15 @@ from flows.meta_train import meta_train, meta_train_from_file
 from flows.runs.run_dirs import read_run
 from flows.stages.publishing import prefect_artifact_keys
 from learners.meta.learner import MetaLearner
-from pipeline.artifacts import ArtifactStore, Lineage, Manifest
+from pipeline.artifacts import ArtifactStore, Lineage
 from pipeline.reads.episodes import inspect_episodes
-from tests.helpers.flow_runs import tiny_config, tiny_document, tiny_point_robot, write_config
+from tests.helpers.flow_runs import FirstRun, tiny_config, tiny_document, write_config
 from tests.helpers.paths import REPO
 from tests.helpers.published_pictures import PICTURES
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_session")
 
 REPO = REPO
-
-
-@dataclass(frozen=True)
-class FirstRun:
-    data: Path
-    work: Path
-    stdout: str
-    manifest: Manifest
-    store: ArtifactStore
-
-
-@pytest.fixture(scope="module")
-def first_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
-    """``offmeta run`` on the tiny dataset, once for the module."""
-    data = tiny_point_robot(tmp_path_factory.mktemp("point_robot"))
-    work = tmp_path_factory.mktemp("work")
-    config = write_config(work / "run.yaml", tiny_document(data, work))
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        status = main(["run", "--config", str(config)])
-    assert status == 0, stdout.getvalue()
-    store = ArtifactStore(work / "artifacts")
-    return FirstRun(data, work, stdout.getvalue(), store.get("tiny-robot:1"), store)
 
 
 @dataclass
@@ -246,41 +219,3 @@ def test_warm_start_continues_from_latest_and_records_the_parent(first_run: Firs
     assert adaptation["curves"][0]["mean"] == list(summary.evaluation.query_loss.values())
     assert adaptation["curves"][1]["mean"] == list(parent["query_loss"].values())
     assert adaptation["curves"][1]["per_task"] == parent["query_loss_per_task"]
-
-
-def test_a_permanent_error_in_the_flow_ends_the_run_in_one_line(
-    first_run: FirstRun, tmp_path: Path
-) -> None:
-    from prefect.settings import PREFECT_API_URL
-
-    # Decided only once training starts: the published version has other layer sizes.
-    wider = [
-        f"artifacts.root={first_run.work / 'artifacts'}",
-        "training.warm_start=true",
-        "learners.modules.default_policy.model.hidden_sizes=[16]",
-    ]
-    config = write_config(tmp_path / "wider.yaml", tiny_document(first_run.data, tmp_path, wider))
-    latest = first_run.store.get("tiny-robot@latest").spec
-    refusal = (
-        f"warm start from {latest}: parameter default_policy/layers.0.weight is shape "
-        "[8, 2], expected shape [16, 2]; the model in learners.modules.default_policy differs "
-        "from the published one (set training.warm_start to false, or publish under another "
-        "artifacts.name)"
-    )
-    last_line = f"offmeta run: failed: ValueError: {refusal}\n"
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    env.pop("OFFMETA_VERBOSE", None)
-    command = [str(Path(sys.executable).with_name("offmeta")), "run", "--config", str(config)]
-    quiet = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert quiet.returncode == 1
-    assert "Traceback" not in quiet.stderr
-    assert [line for line in quiet.stderr.splitlines() if "warm start from" in line] == [
-        last_line.rstrip()
-    ]
-
-    verbose = subprocess.run(
-        command, env={**env, "OFFMETA_VERBOSE": "1"}, capture_output=True, text=True, timeout=300
-    )
-    assert verbose.returncode == 1
-    assert "Traceback (most recent call last)" in verbose.stderr
-    assert verbose.stderr.endswith(last_line)

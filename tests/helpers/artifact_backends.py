@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from pipeline.artifacts import ArtifactStore
+from pipeline.artifacts import ArtifactRef, ArtifactStore
 
 BACKENDS = ["local", "s3"]
 
@@ -90,6 +91,18 @@ class Storage:
 
 def blob_key(digest: str) -> str:
     return f"blobs/sha256/{digest[7:9]}/{digest[7:]}"
+
+
+def filled_params(value: float) -> dict[str, dict[str, torch.Tensor]]:
+    """Parameters whose values say which publish they came from."""
+    return {"default_policy": {"w": torch.full((4,), value), "b": torch.zeros(2)}}
+
+
+def publish_filled(store: ArtifactStore, value: float, **options: Any) -> ArtifactRef:
+    """Publish ``filled_params(value)`` as a version of ``model`` (loss ``value``)."""
+    return store.publish(
+        "model", filled_params(value), metrics={"loss": value}, config={}, lineage={}, **options
+    )
 
 
 def make_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:

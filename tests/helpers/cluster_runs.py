@@ -110,4 +110,4 @@ def when_checkpointed(
             assert found is not None
             return found
         time.sleep(0.25)  # each listing is a request the serial S3 server serves in turn
-    raise AssertionError(f"no checkpoint within {timeout:g} s")
+    raise AssertionError(f"no registered checkpoint under {runs_root} within {timeout:g} s")

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from flows.config import MetaTrainConfig, apply_override, validate_config
 from pipeline.synthetic import PointRobotTasks, generate
+
+if TYPE_CHECKING:
+    from pipeline.artifacts import ArtifactStore, Manifest
+
+
+@dataclass(frozen=True)
+class FirstRun:
+    """A finished ``offmeta run`` of the tiny config: its data, work directory, output and
+    published version."""
+
+    data: Path
+    work: Path
+    stdout: str
+    manifest: Manifest
+    store: ArtifactStore
 
 
 def tiny_point_robot(root: Path) -> Path:

@@ -87,10 +87,19 @@ def mlflow_server(root: Path, *, startup_timeout: float = 180.0) -> Iterator[Mlf
             if _wait_until_healthy(server, startup_timeout):
                 yield server
                 return
+            exited = process.poll()
+            if exited is None:  # silent (not beaten to the port): another try would be too
+                break
         finally:
             server.stop()
     log_tail = log_path.read_text(errors="replace")[-3000:]
-    raise RuntimeError(f"mlflow server did not start; its log ends:\n{log_tail}")
+    why = (
+        f"did not answer {server.uri}/api/2.0/mlflow/experiments/search within "
+        f"{startup_timeout:g} s"
+        if exited is None
+        else f"exited with status {exited} (3 tries)"
+    )
+    raise RuntimeError(f"mlflow server {why}; its log ends:\n{log_tail}")
 
 
 def unused_uri() -> str:

@@ -232,8 +232,14 @@ def _wait_for_nodes(
     out, err = waiter.communicate()
     if waiter.returncode != 0:
         tail = log.read_text(errors="replace")[-2000:]
+        exited = [
+            f"pid {p.pid} exited with status {p.returncode}"
+            for p in processes
+            if p.poll() is not None
+        ]
+        why = "; ".join(exited) or f"not within {_START_TIMEOUT_S:g} s"
         raise RuntimeError(
-            f"the Ray cluster at {address} did not start ({count} nodes expected): "
+            f"the Ray cluster at {address} did not start ({count} nodes expected; {why}): "
             f"{err.decode(errors='replace').strip()[-1000:]}\nthe head's log ends:\n{tail}"
         )
     return out.decode().strip().splitlines()[-1]

@@ -76,10 +76,18 @@ def moto_server(
                 if _wait_until_listening(server, port, startup_timeout):
                     yield f"http://127.0.0.1:{port}"
                     return
+                exited = server.poll()
+                if exited is None:  # silent (not beaten to the port): another try would be too
+                    break
             finally:
                 _stop(server)
         log_tail = log_path.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"moto's S3 server did not start ({mode}); its log ends:\n{log_tail}")
+        why = (
+            f"did not listen on 127.0.0.1:{port} within {startup_timeout:g} s"
+            if exited is None
+            else f"exited with status {exited} (3 tries)"
+        )
+        raise RuntimeError(f"moto's S3 server ({mode}) {why}; its log ends:\n{log_tail}")
 
 
 def client_environment(endpoint: str) -> dict[str, str]:

@@ -1,11 +1,9 @@
-"""``offmeta run`` / ``offmeta serve`` arguments, and serving a deployment on a cron schedule:
-the deployment is registered with its cron, a triggered run completes, and the serving
-process stops cleanly on SIGTERM."""
+"""``offmeta run`` / ``offmeta serve`` arguments: what each refuses, and when. Serving a
+deployment on a cron schedule (a process of its own) is in ``test_serve_process.py``."""
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,16 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from prefect.client.orchestration import SyncPrefectClient
-from prefect.client.schemas.responses import DeploymentResponse
 
 from flows.cli import main
 from flows.cli.run import _networks_build
 from flows.config import load_config
-from tests.helpers.flow_runs import tiny_document, tiny_point_robot, write_config
+from tests.helpers.flow_runs import tiny_document, write_config
 from tests.helpers.paths import REPO
 
-SERVE_TIMEOUT_S = 240
 SAMPLES = REPO / "data" / "samples"
 NETS = "tests.learners.models.factory_nets"
 # Runs `offmeta ARGS` (the console script's `main`) and prints which of Ray and Prefect the
@@ -191,7 +186,6 @@ def test_the_network_checks_before_ray_refuse_a_network_that_cannot_train_right(
     assert _networks_build(load_config(args[2], args[4:-2:2])) is True
 
 
-@pytest.mark.system
 @pytest.mark.timeout(300)
 def test_run_refuses_a_layer_norm_under_second_order_vmap_before_starting_ray_or_prefect(
     tmp_path: Path,
@@ -257,65 +251,3 @@ def test_serve_refuses_an_invalid_cron(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().err == (
         "offmeta serve: --cron '0 3 * *' --timezone 'UTC': Invalid cron string: \"0 3 * *\"\n"
     )
-
-
-@pytest.mark.usefixtures("prefect_harness")
-def test_serve_registers_the_cron_deployment_runs_it_and_stops_cleanly(tmp_path: Path) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL
-
-    from pipeline.artifacts import ArtifactStore
-
-    data = tiny_point_robot(tmp_path / "point_robot")
-    document = tiny_document(
-        data,
-        tmp_path,
-        ["artifacts.name=served-robot", "ray.num_cpus=1", "evaluation.rollout_episodes=0"],
-    )
-    config = write_config(tmp_path / "serve.yaml", document)
-    env = {
-        **os.environ,
-        "PREFECT_API_URL": PREFECT_API_URL.value(),
-        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-    }
-    offmeta = Path(sys.executable).with_name("offmeta")
-    command = [str(offmeta), "serve", "--config", str(config)]
-    command += ["--cron", "0 3 * * *", "--name", "nightly"]
-    log = tmp_path / "serve.log"
-    with open(log, "wb") as output:
-        server = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=output)
-    try:
-        with get_client(sync_client=True) as client:
-            deployment = _wait_for_deployment(client, "meta-train/nightly", server, log)
-        assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
-        assert deployment.parameters["cfg"]["artifacts"]["name"] == "served-robot"
-
-        flow_run = run_deployment(deployment.id, timeout=SERVE_TIMEOUT_S, poll_interval=1)
-        assert flow_run.state.is_completed(), log.read_text()[-3000:]
-        manifest = ArtifactStore(tmp_path / "artifacts").get("served-robot@latest")
-        assert manifest.lineage.flow_run_id == str(flow_run.id)
-
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=60) == 0, log.read_text()[-3000:]
-        assert "stopped serving meta-train/nightly" in log.read_text()
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(timeout=30)
-
-
-def _wait_for_deployment(
-    client: SyncPrefectClient, name: str, server: subprocess.Popen, log: Path
-) -> DeploymentResponse:
-    from prefect.exceptions import ObjectNotFound
-
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"offmeta serve exited with {server.returncode}:\n{log.read_text()}")
-        try:
-            return client.read_deployment_by_name(name)
-        except ObjectNotFound:
-            time.sleep(0.5)
-    pytest.fail(f"deployment {name} was not registered within 90 s:\n{log.read_text()}")

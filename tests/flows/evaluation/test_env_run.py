@@ -70,6 +70,7 @@ def test_offmeta_run_reports_returns_and_success_in_the_user_s_env(tmp_path: Pat
     lines = stdout.getvalue().strip().splitlines()
     assert lines[0] == (
         "held-out evaluation: 4 tasks, K=5 support / Q=5 query transitions, "
+        "context offline: 5 random transitions per task, "
         "3 tests.helpers.line_world:line_env episodes per task"
     )
     measures = [line.split("  ")[0] for line in lines[7:16]]

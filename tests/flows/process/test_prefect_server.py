@@ -16,6 +16,8 @@ import pytest
 
 from tests.helpers.paths import REPO
 
+pytestmark = pytest.mark.system  # each test starts a Prefect server of its own
+
 # Runs in a fresh process (Prefect's settings are per process), prints what it found as JSON.
 SCRIPT = """
 import json, os, sys

@@ -25,7 +25,7 @@ from pipeline.artifacts import ArtifactStore
 from pipeline.synthetic import SinusoidTasks, generate
 from tests.helpers.offmeta_process import offmeta, reap
 
-pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_session")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("prefect_harness", "ray_session")]
 
 ITERATIONS, CHECKPOINT_EVERY = 1000, 100
 PROCESS_TIMEOUT_S = 240
@@ -71,7 +71,7 @@ def _kill_when_checkpointed(process: subprocess.Popen, runs: Path, skip: Path) -
             pytest.fail(f"offmeta run ended before its first checkpoint:\n{process.stdout.read()}")
         time.sleep(0.02)
     process.kill()
-    pytest.fail(f"no checkpoint within {PROCESS_TIMEOUT_S} s:\n{process.stdout.read()}")
+    pytest.fail(f"no {first} under {runs} within {PROCESS_TIMEOUT_S} s:\n{process.stdout.read()}")
 
 
 @pytest.mark.timeout(2 * PROCESS_TIMEOUT_S + 120)

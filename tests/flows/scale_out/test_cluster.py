@@ -47,7 +47,11 @@ from tests.helpers.ray_cluster import RayCluster, mount_namespaces_refusal, ray_
 
 # Hang guards, sized for a busy 2-core machine: at load averages of 10 to 28 the longest
 # test took 273 s there, the module 10 to 15 min (docs/cluster-tests.md).
-pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("prefect_harness")]
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.timeout(900),
+    pytest.mark.usefixtures("prefect_harness"),
+]
 
 NAME = "tiny-robot"
 _RUN_TIMEOUT_S = 600

@@ -18,6 +18,8 @@ from pipeline.reads.episodes import read_episodes
 from pipeline.synthetic import SinusoidTasks, generate
 from tests.helpers.tolerances import largest, rounding_tolerance, trajectory_tolerance
 
+pytestmark = pytest.mark.system
+
 ITERATIONS, TASKS_PER_STEP = 8, 8
 # Rounded operations behind one meta-gradient of the 1-40-40-1 net (one inner step on 5 rows,
 # 5 query rows): about 200 per pass (dot products of 40 terms), a forward and a backward pass

@@ -15,6 +15,8 @@ import torch
 from learners import MetaLearner
 from tests.helpers.paths import REPO
 
+pytestmark = pytest.mark.system  # a long run: 5,000 meta-iterations
+
 SAMPLE = REPO / "data" / "samples" / "sinusoid"
 POINTS, K = 20, 10
 

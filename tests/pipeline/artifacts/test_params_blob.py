@@ -8,7 +8,6 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import boto3
 import pytest
@@ -28,7 +27,7 @@ from pipeline.artifacts.content.params_blob import (
     receive_params,
 )
 from pipeline.artifacts.records.roots import parse_root
-from tests.helpers.artifact_backends import BACKENDS, Storage, blob_key, make_storage
+from tests.helpers.artifact_backends import Storage, blob_key
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -169,11 +168,6 @@ def test_a_blob_larger_than_the_part_size_goes_up_in_parts_and_reads_back_verifi
     parsed, found, _ = receive_params(backend.read_stream(blob_key(digest)), "blob")
     assert found == digest
     assert bytes(parsed.buffer) == b"".join(stream.chunks)
-
-
-@pytest.fixture(params=BACKENDS)
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    return make_storage(request, tmp_path)
 
 
 @pytest.mark.timeout(60)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,8 @@ import boto3
 import pytest
 
 from tests.helpers.s3_server import client_environment, moto_server
+
+pytestmark = pytest.mark.system
 
 RACERS = 8
 ROUNDS_PER_BATCH = 30
@@ -118,3 +121,17 @@ def test_the_test_server_gives_each_key_to_exactly_one_racer(s3_endpoint):
     assert sorted(winners) == list(range(10))
     assert all(len(names) == 1 for names in winners.values()), winners
     assert all(holders[round_] == names[0] for round_, names in winners.items())
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_does_not_listen_in_time_says_where_and_how_long_it_waited():
+    # No server starts in a millisecond: the deadline passes, and the first try is the last.
+    with pytest.raises(RuntimeError) as failed, moto_server(startup_timeout=0.001):
+        pytest.fail("the server cannot have started")
+    message = str(failed.value)
+    assert re.fullmatch(
+        r"moto's S3 server \(serial\) did not listen on 127\.0\.0\.1:\d+ within 0\.001 s; "
+        r"its log ends:\n.*",
+        message,
+        flags=re.DOTALL,
+    ), message

@@ -27,7 +27,7 @@ from pipeline.artifacts import (
     Manifest,
 )
 from pipeline.artifacts.content.digest import params_digest, read_params
-from tests.helpers.artifact_backends import BACKENDS, Storage, blob_key, make_storage
+from tests.helpers.artifact_backends import Storage, blob_key
 from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,11 +47,6 @@ def _params(seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
 def _publish(store: ArtifactStore, name: str = "maml", seed: int = 0, **kwargs) -> ArtifactRef:
     fields = {"metrics": {"loss": 0.5}, "config": {"lr": 0.01}, "lineage": {}} | kwargs
     return store.publish(name, _params(seed), **fields)
-
-
-@pytest.fixture(params=BACKENDS)
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    return make_storage(request, tmp_path)
 
 
 @pytest.fixture
