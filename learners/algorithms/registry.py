@@ -16,14 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pydantic import BaseModel
-from torch import Tensor
 
-from learners.losses import LossFn, ModuleCall
 from learners.models.spec import ModuleSpec
-from learners.params import Batch, Params
+
+if TYPE_CHECKING:  # the config side imports this module and must stay free of torch
+    from torch import Tensor
+
+    from learners.losses import LossFn, ModuleCall
+    from learners.params import Batch, Params
 
 LEARNED_LRS = ("none", "scalar", "tensor", "element")
 """Every value of `inner.learned_lr`."""
