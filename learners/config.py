@@ -244,6 +244,12 @@ class MetaConfig(BaseModel):
         return algorithm_for(self.algorithm).rollout_module(self)
 
     @property
+    def observing_modules(self) -> list[str]:
+        """The modules whose input is one observation of the data (the algorithm's choice:
+        an encoder of whole transitions is not one)."""
+        return algorithm_for(self.algorithm).observing_modules(self)
+
+    @property
     def sample_columns(self) -> tuple[str, ...]:
         """The columns every task sample of `rollout_module` must hold for the algorithm."""
         return algorithm_for(self.algorithm).sample_columns(self)

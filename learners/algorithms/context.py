@@ -55,6 +55,10 @@ class Context:
     def rollout_module(self, config: Any) -> str:
         return config.context.policy
 
+    def observing_modules(self, config: Any) -> list[str]:
+        context: ContextConfig = config.context
+        return [m for m in (context.policy, context.value) if m is not None]
+
     def compile_unsupported(self, config: Any) -> str | None:
         return None
 

@@ -69,6 +69,9 @@ class Macaw:
     def rollout_module(self, config: Any) -> str:
         return config.macaw.policy
 
+    def observing_modules(self, config: Any) -> list[str]:
+        return list(config.modules)
+
     def compile_unsupported(self, config: Any) -> str | None:
         # Not yet verified against eager: its phases compiled for minutes and drifted beyond
         # float64 rounding from the eager step.

@@ -67,6 +67,9 @@ class MamlVariant:
         (module,) = config.data_modules
         return module
 
+    def observing_modules(self, config: Any) -> list[str]:
+        return list(config.modules)
+
     def compile_unsupported(self, config: Any) -> str | None:
         return None
 

@@ -130,6 +130,11 @@ class Algorithm(Protocol):
         """The module evaluation rolls out in an environment (the policy)."""
         ...
 
+    def observing_modules(self, config: Any) -> list[str]:
+        """The modules whose input is one observation of the data (`obs_dim` its size); the
+        others read something the algorithm builds (an encoder reads whole transitions)."""
+        ...
+
     def compile_unsupported(self, config: Any) -> str | None:
         """Why the compiled meta-step cannot run this configuration (None: it can)."""
         ...
