@@ -16,5 +16,5 @@ from learners.algorithms.registry import (
 
 __all__ = ["Algorithm", "algorithm_for", "registered_algorithms", "registered_names"]
 
-FAMILIES = (maml, macaw, context)
-"""The modules whose registration lines have run, in the order their names are listed."""
+FAMILIES = (context, macaw, maml)
+"""The modules whose registration lines have run."""

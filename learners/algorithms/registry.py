@@ -153,19 +153,19 @@ def register_algorithm(algorithm: Algorithm) -> Algorithm:
 
 
 def registered_names() -> tuple[str, ...]:
-    """Every registered algorithm name, in registration order."""
-    return tuple(_REGISTRY)
+    """Every registered algorithm name, sorted (whichever module was imported first)."""
+    return tuple(sorted(_REGISTRY))
 
 
 def registered_algorithms() -> tuple[Algorithm, ...]:
-    """Every registered family once, in registration order."""
-    return tuple({id(a): a for a in _REGISTRY.values()}.values())
+    """Every registered family once, in the order of its first name."""
+    return tuple({id(_REGISTRY[n]): _REGISTRY[n] for n in registered_names()}.values())
 
 
 def algorithm_for(name: str) -> Algorithm:
     """The family registered under `name`."""
     if name not in _REGISTRY:
-        raise ValueError(f"unknown algorithm {name!r}: expected one of {list(_REGISTRY)}")
+        raise ValueError(f"unknown algorithm {name!r}: expected one of {list(registered_names())}")
     return _REGISTRY[name]
 
 
