@@ -111,6 +111,33 @@ class OuterConfig(BaseModel):
     log_lr_lr: float | None = Field(
         None, gt=0, description="Outer learning rate of the learned log inner rates (null: lr)."
     )
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description=(
+            "Every outer learning rate times a factor of the applied updates so far "
+            "(weights_seq_no, so a resumed run continues it exactly): constant: 1; cosine: "
+            "from 1 to min_lr_ratio along half a cosine over decay_steps updates after the "
+            "warm-up (learners.meta.lr_schedule)."
+        ),
+    )
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear warm-up: update t < warmup_steps uses (t + 1) / warmup_steps."
+    )
+    decay_steps: int | None = Field(
+        None, ge=1, description="Updates of the cosine decay after the warm-up (schedule cosine)."
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="The cosine schedule's last factor (schedule cosine)."
+    )
+
+    @model_validator(mode="after")
+    def _schedule_steps(self) -> OuterConfig:
+        if self.schedule == "cosine" and self.decay_steps is None:
+            raise ValueError(
+                "outer.schedule 'cosine' decays over outer.decay_steps updates; set it (e.g. "
+                "training.iterations minus outer.warmup_steps)"
+            )
+        return self
 
     @field_validator("module_lr")
     @classmethod
