@@ -49,6 +49,7 @@ def test_on_the_point_robot_the_adapted_policy_beats_the_prior() -> None:
     assert curve[1] < 0.5 * curve[0], curve
 
 
+@pytest.mark.timeout(600)
 def test_a_consumer_in_a_fresh_process_predicts_what_training_predicts(tmp_path: Path) -> None:
     samples = read_task_samples(inspect_episodes(SAMPLE / "heldout"), support=10, query=10)
     learner = MetaLearner(CONFIG)
