@@ -7,18 +7,18 @@
    steps for second order, flat for first order (slopes printed).
 4. `--full`: the MAML paper's sinusoid run (70k meta-iterations) on the shipped sample, a
    held-out steps 0/1/10 table; target: MSE after 1 step <= 0.40. Minutes; on demand only.
-5. `MetaLearner.step`, eager and compiled (`MetaConfig.compile`), for three shapes: 25 tasks
-   x K=10 on 1-40-40-1 (the sinusoid), 1 task x K=5, and 64 tasks x K=256 on 20-256-256-6
-   (`bench/baselines/meta_step.py`). The headline: the eager step against the fastest
-   hand-written eager form, the vmapped inner `grad` step with `.backward()` and
-   `torch.optim.Adam` (target <= 1.05x on CPU, sinusoid and one task), as `run_meta_training`
-   runs it on a step whose `support_loss_after` no metrics read will see (that metric's own
-   forward pass left out; the step with it is recorded beside); besides, the eager and
-   compiled steps against the pure `torch.func` step eager and compiled (sinusoid: <= 1.10x).
-   Compiling takes 15-70 s per function on the 2-core machine: `--quick` measures the
-   sinusoid and one-task shapes, `--shapes` the ones named. `--device cuda` runs
-   5 on a GPU (compile mode reduce-overhead; target: compiled step <= 1.5 ms for the sinusoid
-   and the large shape); `--float32-matmul tf32` runs learners and baselines on TF32.
+5. `MetaLearner.step`, eager and compiled (`MetaConfig.compile`), for four shapes: 25 tasks x
+   K=10 on 1-40-40-1 (the sinusoid), 1 task x K=5, 64 tasks x K=256 on 20-256-256-6, and
+   Meta-World reach-v3's 10 tasks x K=Q=20 on 39-256-256-4 (`bench/baselines/meta_step.py`).
+   The headline: the eager step against the fastest hand-written eager form, the vmapped inner
+   `grad` step with `.backward()` and `torch.optim.Adam` (target <= 1.05x on CPU, sinusoid and
+   one task), as `run_meta_training` runs it on a step whose `support_loss_after` no metrics
+   read will see (that metric's own forward pass left out; the step with it is recorded
+   beside); besides, the eager and compiled steps against the pure `torch.func` step eager and
+   compiled (sinusoid: <= 1.10x). Compiling takes 15-70 s per function on the 2-core machine:
+   `--quick` measures the sinusoid and one-task shapes, `--shapes` the ones named. `--device
+   cuda` runs 5 on a GPU (compile mode reduce-overhead; target: compiled step <= 1.5 ms for the
+   sinusoid and the large shape); `--float32-matmul tf32` runs learners and baselines on TF32.
    `bench/gpu_checks.sh` runs it there with the CUDA tests.
 
 Run: `.venv/bin/python bench/learners.py [--quick] [--shapes S,..] [--full] [--device cuda]

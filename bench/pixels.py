@@ -126,7 +126,7 @@ def heldout_rollouts(cfg: Any, learner_state: Mapping[str, Any], heldout: Any) -
     meta_batch, task_ids = samples.one_per_task(settings.tasks, seed=settings.seed)
     layout = heldout.schema.obs_layout
     support = finalize(meta_batch, learner.device, obs_layout=layout)["support"]
-    (module,) = learner.config.data_modules
+    module = learner.config.rollout_module
     adapted = [
         learner.adapt(None, task_slice(support, i), steps=settings.rollout_adapt_steps)[module]
         for i in range(len(task_ids))

@@ -10,11 +10,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from learners.algorithms.macaw_config import MacawConfig, resolve_macaw
+from learners.algorithms.catalog import algorithm_for, registered_algorithms, registered_names
+from learners.algorithms.context_config import ContextConfig
+from learners.algorithms.macaw_config import MacawConfig
+from learners.algorithms.registry import ConfigView
 from learners.models.spec import DEFAULT_MODULE_ID, ModelConfig, ModuleSpec
 
 __all__ = [
     "DEFAULT_MODULE_ID",
+    "ContextConfig",
     "InnerConfig",
     "MacawConfig",
     "MetaConfig",
@@ -107,6 +111,33 @@ class OuterConfig(BaseModel):
     log_lr_lr: float | None = Field(
         None, gt=0, description="Outer learning rate of the learned log inner rates (null: lr)."
     )
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description=(
+            "Every outer learning rate times a factor of the applied updates so far "
+            "(weights_seq_no, so a resumed run continues it exactly): constant: 1; cosine: "
+            "from 1 to min_lr_ratio along half a cosine over decay_steps updates after the "
+            "warm-up (learners.meta.lr_schedule)."
+        ),
+    )
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear warm-up: update t < warmup_steps uses (t + 1) / warmup_steps."
+    )
+    decay_steps: int | None = Field(
+        None, ge=1, description="Updates of the cosine decay after the warm-up (schedule cosine)."
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="The cosine schedule's last factor (schedule cosine)."
+    )
+
+    @model_validator(mode="after")
+    def _schedule_steps(self) -> OuterConfig:
+        if self.schedule == "cosine" and self.decay_steps is None:
+            raise ValueError(
+                "outer.schedule 'cosine' decays over outer.decay_steps updates; set it (e.g. "
+                "training.iterations minus outer.warmup_steps)"
+            )
+        return self
 
     @field_validator("module_lr")
     @classmethod
@@ -117,13 +148,8 @@ class OuterConfig(BaseModel):
         return lrs
 
 
-# The inner flags each algorithm implies: (first_order, allowed learned_lr values, default).
-_ALGORITHMS = {
-    "maml": (False, ("none",), "none"),
-    "fomaml": (True, ("none",), "none"),
-    "metasgd": (None, ("scalar", "tensor", "element"), "element"),
-    "macaw": (False, ("none", "scalar", "tensor", "element"), "tensor"),
-}
+AlgorithmName = Literal[registered_names()]  # type: ignore[valid-type]
+"""Every name the registry holds (`learners.algorithms.catalog`)."""
 
 
 class MetaConfig(BaseModel):
@@ -131,13 +157,15 @@ class MetaConfig(BaseModel):
 
     model_config = _STRICT
 
-    algorithm: Literal["maml", "fomaml", "metasgd", "macaw"] = Field(
+    algorithm: AlgorithmName = Field(
         "maml",
         description=(
             "maml: second-order MAML; fomaml: first-order MAML (inner.first_order=True); "
             "metasgd: meta-trained inner learning rates (inner.learned_lr, default 'element'); "
             "macaw: value function then advantage-weighted policy in the inner loop, learned "
-            "per-tensor inner rates (see the macaw section)."
+            "per-tensor inner rates (see the macaw section); context: a permutation-invariant "
+            "encoder of the support transitions gives a task latent the policy reads (see the "
+            "context section). Each is a module of learners.algorithms."
         ),
     )
     modules: dict[str, ModuleSpec] = Field(
@@ -151,6 +179,9 @@ class MetaConfig(BaseModel):
     outer: OuterConfig = Field(default_factory=OuterConfig, description="Outer optimizer.")
     macaw: MacawConfig | None = Field(
         None, description="MACAW's settings (algorithm macaw; defaults filled in)."
+    )
+    context: ContextConfig | None = Field(
+        None, description="The context learner's settings (algorithm context; defaults filled in)."
     )
     vectorize: Literal["vmap", "loop"] = Field(
         "vmap", description="vmap over the task dimension (fast) or a per-task loop (fallback)."
@@ -200,41 +231,27 @@ class MetaConfig(BaseModel):
                     f"modules_to_update {self.modules_to_update} must name at least one of "
                     f"the modules {sorted(self.modules)}; unknown: {unknown}"
                 )
-        first_order, allowed_lrs, default_lr = _ALGORITHMS[self.algorithm]
-        given = self.inner.model_fields_set
-        inner: dict[str, object] = {}
-        outer: dict[str, object] = {}
-        if first_order is not None:
-            if "first_order" in given and self.inner.first_order != first_order:
+        algorithm = algorithm_for(self.algorithm)
+        for other in registered_algorithms():
+            foreign = other.section not in (None, algorithm.section)
+            if foreign and getattr(self, other.section) is not None:
                 raise ValueError(
-                    f"algorithm {self.algorithm!r} sets inner.first_order={first_order}; "
-                    f"choose {'fomaml' if first_order is False else 'maml'} instead, "
-                    "or drop inner.first_order"
+                    f"the {other.section} section applies to algorithm {other.names[0]!r}, "
+                    f"not {self.algorithm!r}; drop it or set algorithm: {other.names[0]}"
                 )
-            inner["first_order"] = first_order
-        if "learned_lr" not in given:
-            inner["learned_lr"] = default_lr
-        elif self.inner.learned_lr not in allowed_lrs:
-            hint = "use algorithm 'metasgd'" if self.algorithm != "metasgd" else "pick one"
-            raise ValueError(
-                f"algorithm {self.algorithm!r} needs inner.learned_lr in {list(allowed_lrs)}, "
-                f"got {self.inner.learned_lr!r}; {hint}"
-            )
-        if self.algorithm == "macaw":
-            macaw = resolve_macaw(
-                self.macaw,
-                self.modules,
-                self.modules_to_update,
-                {"inner": given, "outer": self.outer.model_fields_set},
-            )
-            self.macaw, self.modules = macaw.macaw, macaw.modules
-            inner.update(macaw.inner)
-            outer.update(macaw.outer)
-        elif self.macaw is not None:
-            raise ValueError(
-                f"the macaw section applies to algorithm 'macaw', not {self.algorithm!r}; "
-                "drop it or set algorithm: macaw"
-            )
+        view = ConfigView(
+            name=self.algorithm,
+            section=getattr(self, algorithm.section) if algorithm.section else None,
+            modules=self.modules,
+            modules_to_update=self.modules_to_update,
+            inner=self.inner,
+            given={"inner": self.inner.model_fields_set, "outer": self.outer.model_fields_set},
+        )
+        resolution = algorithm.resolve(view)
+        if algorithm.section is not None:
+            setattr(self, algorithm.section, resolution.section)
+        self.modules = resolution.modules
+        inner, outer = resolution.inner, resolution.outer
         # The validator owns the config it builds: the sections are replaced, never changed.
         if inner:
             self.inner = self.inner.model_copy(update=inner)
@@ -247,6 +264,22 @@ class MetaConfig(BaseModel):
         """Module ids meta-trained, in the order of `modules`."""
         chosen = self.modules_to_update
         return [m for m in self.modules if chosen is None or m in chosen]
+
+    @property
+    def rollout_module(self) -> str:
+        """The module evaluation rolls out in an environment (the algorithm's policy)."""
+        return algorithm_for(self.algorithm).rollout_module(self)
+
+    @property
+    def observing_modules(self) -> list[str]:
+        """The modules whose input is one observation of the data (the algorithm's choice:
+        an encoder of whole transitions is not one)."""
+        return algorithm_for(self.algorithm).observing_modules(self)
+
+    @property
+    def sample_columns(self) -> tuple[str, ...]:
+        """The columns every task sample of `rollout_module` must hold for the algorithm."""
+        return algorithm_for(self.algorithm).sample_columns(self)
 
     @property
     def data_modules(self) -> list[str]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from learners.config import DEFAULT_MODULE_ID
+from learners.models.spec import DEFAULT_MODULE_ID
 
 Params = dict[str, dict[str, Tensor]]
 """Module id -> parameter (or buffer) name -> tensor."""

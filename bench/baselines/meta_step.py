@@ -58,6 +58,8 @@ SHAPES = (
     Shape("sinusoid", 25, 10, 10, 1, 1, (40, 40)),
     Shape("one-task", 1, 5, 5, 1, 1, (40, 40)),
     Shape("large", 64, 256, 256, 20, 6, (256, 256)),
+    # Meta-World ML1 reach-v3 as docs/metaworld.md trains it: 10 tasks, K = Q = 20, 39-256-256-4.
+    Shape("reach-v3", 10, 20, 20, 39, 4, (256, 256)),
 )
 
 

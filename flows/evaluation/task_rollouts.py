@@ -104,9 +104,7 @@ def roll_out_tasks(
     ``rollout_adapt_steps`` inner steps, then roll every policy out (module docstring).
     ``obs_layout``: the held-out data's image layout, which the environment's uint8
     observations share (they reach the policy as the batches do, ``pipeline.streams.collate``)."""
-    # The policy: the module that reads its own rows (MACAW's value module reads the
-    # policy's and has no actions to roll out).
-    (module,) = learner.config.data_modules
+    module = learner.config.rollout_module
     model = build_model(learner.config.modules[module]).to(learner.device)
     adapted = _adapted(learner, module, meta_batch["support"], settings.rollout_adapt_steps)
     meta = {name: p.detach() for name, p in learner.meta_params[module].items()}

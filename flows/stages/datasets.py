@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from flows.config import MetaTrainConfig
 from flows.stages.task_checks import check_task_sampling
 from learners.models.spec import ModuleSpec
-from pipeline.contract.schema import DatasetError
+from pipeline.contract.schema import REQUIRED_COLUMNS, DatasetError
 from pipeline.reads.episodes import DatasetInfo, Episodes, inspect_episodes, read_episodes
 from pipeline.reads.selection import EpisodeCondition, EpisodeFilter
 
@@ -150,8 +150,17 @@ def _check_same_layout(train: DatasetInfo, heldout: DatasetInfo) -> None:
 def _check_modules(cfg: MetaTrainConfig, split: str, episodes: DatasetInfo) -> None:
     learners = cfg.learners
     where = f"{split} dataset {episodes.root}"
+    derived = ("returns", "returns_truncated")  # every task sample gets them (data.gamma)
+    present = {*REQUIRED_COLUMNS, *derived, *(("new_obs",) if episodes.schema.has_new_obs else ())}
+    missing = [name for name in learners.sample_columns if name not in present]
+    if missing:
+        raise DatasetError(
+            f"{where} has no column {missing[0]!r}, which algorithm {learners.algorithm!r} "
+            f"reads from every task sample (it reads {list(learners.sample_columns)})"
+        )
+    observing = learners.observing_modules
     for module_id in learners.trained_modules:
-        if learners.modules[module_id].data_module is not None:
+        if learners.modules[module_id].data_module is not None and module_id in observing:
             # Reads another module's rows (checked below with it) and has outputs of its own.
             _check_observations(where, episodes, module_id, learners.modules[module_id])
     for module_id in learners.data_modules:

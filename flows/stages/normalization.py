@@ -15,15 +15,20 @@ from pipeline.reads.episodes import DatasetInfo
 
 
 def learner_config(cfg: MetaTrainConfig, train: DatasetInfo) -> MetaConfig:
-    """``cfg.learners.meta_config()``, each module's ``input_stats`` set from ``train``'s
+    """``cfg.learners.meta_config()``, each observing module's ``input_stats`` set from ``train``'s
     observation statistics when ``data.normalize`` names ``obs`` (unchanged otherwise)."""
     config = cfg.learners.meta_config()
     if "obs" not in cfg.data.normalize:
         return config
     found = train.values.stats["obs"]
     stats = InputStats(mean=found.mean, std=found.std)
+    # Only the modules whose input is one observation: a context encoder reads whole
+    # transitions, whose width is not the observation's.
+    observing = config.observing_modules
     modules = {
         module_id: spec.model_copy(update={"input_stats": stats})
+        if module_id in observing
+        else spec
         for module_id, spec in config.modules.items()
     }
     return config.model_copy(update={"modules": modules})

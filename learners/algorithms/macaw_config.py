@@ -15,23 +15,13 @@ from learners.models.spec import DEFAULT_MODULE_ID, ModuleSpec
 _STRICT = ConfigDict(extra="forbid")
 
 
-class MacawConfig(BaseModel):
-    """MACAW (Mitchell et al. 2021): a value function and an advantage-weighted policy.
-
-    Defaults are the authors' released config (`config/alg/standard.json` and `src/args.py`
-    of github.com/eric-mitchell/macaw) where it states them.
-    """
+class AdvantageWeighting(BaseModel):
+    """How advantage-weighted regression weights a policy's rows (Peng et al. 2019, as MACAW
+    uses it): `exp(A / temperature)` clipped at `max_weight`, under a gaussian of fixed
+    standard deviation."""
 
     model_config = _STRICT
 
-    policy: str = Field(
-        DEFAULT_MODULE_ID,
-        description="Module id of the policy (head mean_advantage); it trains on its own rows.",
-    )
-    value: str = Field(
-        "value",
-        description="Module id of the value function (action_dim 1); it reads the policy's rows.",
-    )
     temperature: float = Field(1.0, gt=0, description="AWR temperature: weights exp(A / T).")
     max_weight: float = Field(
         20.0, gt=0, description="Largest advantage weight (exp(A / T) clipped at this value)."
@@ -43,6 +33,23 @@ class MacawConfig(BaseModel):
     )
     action_std: float = Field(
         0.2, gt=0, description="Fixed standard deviation of the policy's gaussian."
+    )
+
+
+class MacawConfig(AdvantageWeighting):
+    """MACAW (Mitchell et al. 2021): a value function and an advantage-weighted policy.
+
+    Defaults are the authors' released config (`config/alg/standard.json` and `src/args.py`
+    of github.com/eric-mitchell/macaw) where it states them.
+    """
+
+    policy: str = Field(
+        DEFAULT_MODULE_ID,
+        description="Module id of the policy (head mean_advantage); it trains on its own rows.",
+    )
+    value: str = Field(
+        "value",
+        description="Module id of the value function (action_dim 1); it reads the policy's rows.",
     )
     advantage_head_coef: float = Field(
         0.01,

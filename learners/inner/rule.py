@@ -1,14 +1,11 @@
 """What an algorithm adapts on a task's support set, in which order, and what it meta-learns.
 
-An `InnerRule` is a sequence of phases, each a `DifferentiableLearner` over some modules, run
-one after the other: each phase starts from the parameters the previous one returned, so a
-later phase's losses see the modules an earlier one adapted. The outer losses (the
-meta-objective on the query set) may differ from the inner ones.
-
-- maml, fomaml, metasgd: one phase over every trained module; outer losses = inner losses.
-- macaw: the value function first (regression to returns), then the policy (advantage-weighted
-  regression with the adapted value function, plus the advantage head's loss); outer: value
-  regression and advantage-weighted regression without the head's loss.
+An `InnerRule` is a sequence of phases (`DifferentiableLearner`s over some modules, or an
+algorithm's own, such as the context learner's encoding), run one after the other: each
+phase starts from the parameters the previous one returned, so a later phase's losses see the
+modules an earlier one adapted. The outer losses (the meta-objective on the query set) may
+differ from the inner ones. Which phases and losses is the algorithm's (`learners.algorithms`,
+asked through its registry); this module only runs them.
 
 Modules with a `data_module` read that module's rows: `expand` copies them in before any loss
 sees the batch.
@@ -16,15 +13,16 @@ sees the batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from learners.algorithms.macaw import AdvantageWeightedRegression, value_regression_loss
+from learners.algorithms.catalog import algorithm_for
+from learners.algorithms.registry import Phase, RuleBuilders
 from learners.config import MetaConfig
 from learners.inner.differentiable import DifferentiableLearner
-from learners.losses import LossFn, resolve_loss
+from learners.losses import LossFn, ModuleCall, resolve_loss, untied_modules
 from learners.params import Batch, Params
 
 
@@ -32,9 +30,9 @@ from learners.params import Batch, Params
 class InnerRule:
     """The phases of an algorithm's inner loop and the losses of its outer loop."""
 
-    phases: tuple[DifferentiableLearner, ...]
+    phases: tuple[Phase, ...]
     """Run in order on the support set, `steps` inner steps each."""
-    outer: DifferentiableLearner
+    outer: Phase
     """Only its losses are used: the meta-objective on the query set, per module."""
     data_module: dict[str, str]
     """Module -> the module whose rows it reads, for the modules that read another's."""
@@ -90,6 +88,8 @@ def build_inner_rule(
 
     obs_shapes = {m: spec.observation_shape for m, spec in config.modules.items()}
 
+    untied = untied_modules(models)
+
     def learner(losses: Mapping[str, LossFn]) -> DifferentiableLearner:
         return DifferentiableLearner(
             models,
@@ -100,43 +100,12 @@ def build_inner_rule(
             obs_shapes=obs_shapes,
         )
 
-    phases, outer = _PHASES.get(config.algorithm, _one_phase)(config, learner)
-    return InnerRule(phases, outer, data_module)
+    def call(module_id: str, params: Params) -> ModuleCall:
+        return ModuleCall(module_id, models, params, buffers, obs_shapes, untied=untied)
 
+    def loss(module_id: str) -> LossFn:
+        return resolve_loss(config.modules[module_id].loss)
 
-Learner = Callable[[Mapping[str, LossFn]], DifferentiableLearner]
-
-
-def _one_phase(
-    config: MetaConfig, learner: Learner
-) -> tuple[tuple[DifferentiableLearner, ...], DifferentiableLearner]:
-    """Every trained module adapts at once with its configured loss, inside and outside."""
-    single = learner({m: resolve_loss(config.modules[m].loss) for m in config.trained_modules})
-    return (single,), single
-
-
-def _macaw_phases(
-    config: MetaConfig, learner: Learner
-) -> tuple[tuple[DifferentiableLearner, ...], DifferentiableLearner]:
-    macaw = config.macaw
-    assert macaw is not None  # MetaConfig fills it in for algorithm macaw
-    policy_loss = {
-        "value_module": macaw.value,
-        "temperature": macaw.temperature,
-        "max_weight": macaw.max_weight,
-        "normalize_advantages": macaw.normalize_advantages,
-        "action_std": macaw.action_std,
-    }
-    inner_policy = AdvantageWeightedRegression(
-        **policy_loss, advantage_head_coef=macaw.advantage_head_coef
-    )
-    outer_policy = AdvantageWeightedRegression(**policy_loss, advantage_head_coef=0.0)
-    phases = (
-        learner({macaw.value: value_regression_loss}),
-        learner({macaw.policy: inner_policy}),
-    )
-    return phases, learner({macaw.value: value_regression_loss, macaw.policy: outer_policy})
-
-
-_PHASES = {"macaw": _macaw_phases}
-"""Algorithms whose inner loop is not a single phase with the configured losses."""
+    builders = RuleBuilders(learner=learner, call=call, loss=loss)
+    phases = algorithm_for(config.algorithm).phases(config, builders)
+    return InnerRule(phases.inner, phases.outer, data_module)

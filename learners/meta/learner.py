@@ -1,4 +1,4 @@
-"""The meta (outer) learner: MAML, first-order MAML, Meta-SGD and MACAW over task meta-batches.
+"""The meta (outer) learner over task meta-batches, for every algorithm of `learners.algorithms`.
 
 One meta-step: for every task, adapt the meta-parameters on its support set with the inner
 rule (`learners.inner.rule`: one or more phases of `DifferentiableLearner.update`), take the
@@ -24,6 +24,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from learners.algorithms.catalog import algorithm_for
 from learners.config import MetaConfig
 from learners.inner.differentiable import raise_on_nonfinite
 from learners.inner.optim import init_log_lrs, lrs_from_log
@@ -370,9 +371,9 @@ class MetaLearner:
             )
         # How the step runs (compiled or eager, TF32 or not) does not change what it optimises.
         mine = self.config.model_dump(mode="json", exclude=set(_RUN_SETTINGS))
-        # Validated first: a state saved before a field existed holds the field's default.
-        saved = MetaConfig.model_validate(state["config"]).model_dump(mode="json")
-        theirs = {k: v for k, v in saved.items() if k not in _RUN_SETTINGS}
+        # Validated again, so that a state saved before a field was added compares equal.
+        saved = MetaConfig.model_validate(state["config"])
+        theirs = saved.model_dump(mode="json", exclude=set(_RUN_SETTINGS))
         if theirs != mine:
             differing = sorted(k for k in mine if mine.get(k) != theirs.get(k))
             raise ValueError(
@@ -456,10 +457,9 @@ class MetaLearner:
         unsupported = None
         if self.config.vectorize != "vmap":
             unsupported = "the per-task loop (vectorize='loop') runs eager; compile vmaps"
-        if self.config.algorithm == "macaw":
-            # Not yet verified against eager: its phases compiled for minutes and drifted
-            # beyond float64 rounding from the eager step.
-            unsupported = "algorithm 'macaw' (two inner phases) runs eager; compile covers one"
+        reason = algorithm_for(self.config.algorithm).compile_unsupported(self.config)
+        if reason is not None:
+            unsupported = reason
         custom = [
             name
             for name in ("compute_meta_gradients", "apply_meta_gradients")

@@ -26,6 +26,7 @@ from torch import Tensor
 from learners.config import OuterConfig
 from learners.inner.differentiable import NonFiniteGradientError, raise_on_nonfinite
 from learners.meta.host_update import step_in_place
+from learners.meta.lr_schedule import CONSTANT, LrSchedule
 from learners.meta.outer_optim import (
     TorchAdamState,
     TorchMomentumState,
@@ -104,6 +105,8 @@ class OuterRule:
     momentum: float
     clip_norm: float | None
     outer_error: bool
+    schedule: LrSchedule = CONSTANT
+    """The factor of every learning rate by applied updates (`learners.meta.lr_schedule`)."""
     transform: Transform = field(init=False, compare=False, repr=False)
     """skip_nonfinite(chain(clip, weight decay, Adam or momentum, learning rates)), each link
     only where configured. Under outer.nonfinite='error' a non-finite step is skipped as
@@ -154,6 +157,9 @@ class OuterRule:
             momentum=float(first.get("momentum", 0.0)),
             clip_norm=config.clip_norm,
             outer_error=config.nonfinite == "error",
+            schedule=LrSchedule(
+                config.schedule, config.warmup_steps, config.decay_steps, config.min_lr_ratio
+            ),
         )
 
     def opt_state(self, slots: Any, norm: Tensor, finite: Tensor) -> NonFiniteState:
@@ -182,6 +188,9 @@ def outer_update(
         allowed = allowed & ~inner_failed
     inputs = StepInputs(state.leaves, allowed=allowed)
     steps, opt = rule.transform.update(grads, state.opt, inputs)
+    if not rule.schedule.constant:
+        factor = rule.schedule.factor(state.seq_no).to(steps[0].dtype)
+        steps = [step * factor for step in steps]
     norm, finite = opt.norm, opt.finite
     kind = torch.zeros_like(old.kind)
     if rule.outer_error:
@@ -295,12 +304,16 @@ class OuterStep:
                 self._record(kind, norm, inner)
             elif finite:
                 slots = live.opt.inner[rule.slot_link] if rule.slot_link is not None else None
+                lrs = rule.lrs
+                if not rule.schedule.constant:
+                    factor = float(rule.schedule.factor(self._seq_no))
+                    lrs = tuple(lr * factor for lr in lrs)
                 step_in_place(
                     live.leaves,
                     grads,
                     slots,
                     norm,
-                    lrs=rule.lrs,
+                    lrs=lrs,
                     weight_decays=rule.weight_decays,
                     betas=rule.betas,
                     eps=rule.eps,

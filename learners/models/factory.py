@@ -9,10 +9,12 @@ the number of discrete actions. It returns an `nn.Module` whose `forward(obs, ..
 `learners.models.mlp:mlp_network` and `learners.models.conv:conv_network` with the config's
 own fields as keywords.
 
-The module may hold no buffers: the meta-learner runs it functionally over a task dimension
-(`torch.func.vmap`), where a buffer updated in place (BatchNorm's running statistics) cannot
-be carried per task. Everything is checked when the models are built (a learner's
-construction, or `load_learner`), with one line naming the config key.
+With `latent_dim` the network is wrapped in `learners.models.conditioned.LatentConditioned`
+(the factory's `obs_shape` then counts the latent). The module may hold no buffers: the
+meta-learner runs it functionally over a task dimension (`torch.func.vmap`), where a buffer
+updated in place (BatchNorm's running statistics) cannot be carried per task. Everything is
+checked when the models are built (a learner's construction, or `load_learner`), with one
+line naming the config key.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from torch import nn
 
 from learners.config import ModelConfig, ModuleSpec
+from learners.models.conditioned import LatentConditioned
 from learners.models.conv import conv_network
 from learners.models.mlp import mlp_network
 from learners.models.spec import InputStats
@@ -79,11 +82,13 @@ def build_model(spec: ModuleSpec, *, module_id: str | None = None) -> nn.Module:
     name = factory if isinstance(factory, str) else f"{factory.__module__}:{factory.__name__}"
     if isinstance(factory, str):
         factory = resolve_factory(factory, key=key)
+    # A conditioned network's factory sees the observation with the latent appended.
+    obs_shape = (spec.obs_dim + spec.latent_dim,) if spec.latent_dim else spec.observation_shape
     try:
-        network = factory(spec.observation_shape, spec.action_dim, **kwargs)
+        network = factory(obs_shape, spec.action_dim, **kwargs)
     except TypeError as error:  # most often a signature that does not take these arguments
         raise ValueError(
-            f"{key} {name!r} called as (obs_shape={spec.observation_shape}, "
+            f"{key} {name!r} called as (obs_shape={obs_shape}, "
             f"action_dim={spec.action_dim}, **{kwargs}) raised TypeError: {error}"
         ) from None
     if not isinstance(network, nn.Module):
@@ -97,6 +102,8 @@ def build_model(spec: ModuleSpec, *, module_id: str | None = None) -> nn.Module:
             "cannot carry (e.g. BatchNorm running statistics); use a norm without running "
             "statistics (GroupNorm)"
         )
+    if spec.latent_dim:
+        network = LatentConditioned(network, spec.latent_dim)
     if spec.input_stats is not None:
         standardize = Standardize(spec.input_stats, spec.observation_shape)
         network.register_forward_pre_hook(standardize, with_kwargs=True)

@@ -70,8 +70,8 @@ class ModelConfig(BaseModel):
             "deterministic: one output per action dimension (regression, MSE cloning); "
             "gaussian: mean per action dimension plus a learned state-independent log-std; "
             "categorical: one logit per discrete action; mean_advantage: action mean plus an "
-            "advantage head on (last hidden features, action) (MACAW's policy). A factory's "
-            "network returns what its head names (the loss reads it)."
+            "advantage head on (last hidden features, action) (an advantage-weighted "
+            "policy). A factory's network returns what its head names (the loss reads it)."
         ),
     )
     log_std_init: float = Field(0.0, description="Initial log standard deviation (gaussian head).")
@@ -177,7 +177,7 @@ class ModuleSpec(BaseModel):
             "Built-in loss (mse, gaussian_nll, cross_entropy) or a user function given as "
             "'package.module:function' taking (call, batch_for_module) -> scalar tensor, "
             "where call(module_id, *inputs) runs any module (see learners.losses). "
-            "Algorithm 'macaw' sets the losses of its two modules itself."
+            "An algorithm may set its modules' losses itself (learners.algorithms)."
         ),
     )
     data_module: str | None = Field(
@@ -195,6 +195,17 @@ class ModuleSpec(BaseModel):
             "evaluation, rollouts, load_learner, the MLflow pyfunc): a run sets them from "
             "data.normalize's statistics of the training data (learners.models.factory). "
             "None: observations as given."
+        ),
+    )
+
+    latent_dim: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Size of the task latent the network is conditioned on (0: none). The module's "
+            "parameters gain an entry 'latent', the latent of an empty context, appended to "
+            "every observation; adaptation replaces it (learners.models.conditioned). Set by "
+            "the algorithms that infer a task from its context."
         ),
     )
 
@@ -223,6 +234,11 @@ class ModuleSpec(BaseModel):
             raise ValueError(
                 f"model.encoder 'conv' reads [C, H, W] observations, but obs_shape is "
                 f"{list(self.observation_shape)}; set obs_shape to the image's [C, H, W]"
+            )
+        if self.latent_dim and len(self.observation_shape) != 1:
+            raise ValueError(
+                f"latent_dim {self.latent_dim} conditions flat observations, but obs_shape is "
+                f"{list(self.observation_shape)}; drop obs_shape"
             )
         return self
 

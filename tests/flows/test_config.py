@@ -95,7 +95,7 @@ def test_learners_section_is_a_meta_config_plus_placement() -> None:
         (
             ["learners.modules.default_policy.bogus=1"],
             "learners.modules.default_policy.bogus: unknown field; expected one of: "
-            "action_dim, data_module, input_stats, loss, model, obs_dim, obs_shape",
+            "action_dim, data_module, input_stats, latent_dim, loss, model, obs_dim, obs_shape",
         ),
         (
             ["evaluation.steps=[1, 5]"],

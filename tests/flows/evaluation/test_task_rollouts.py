@@ -9,7 +9,7 @@ import torch
 from flows.evaluation.task_rollouts import _adapted
 from learners import MetaLearner, NonFiniteGradientError
 from learners.meta.meta_batch import task_slice
-from tests.helpers.tolerances import largest, trajectory_tolerance
+from tests.helpers.tolerances import largest, rounding_tolerance, trajectory_tolerance
 
 TASKS, ROWS, STEPS = 6, 10, 5
 
@@ -58,3 +58,29 @@ def test_a_non_finite_update_raises_as_adapt_does() -> None:
         f"{TASKS} held-out task(s) are non-finite; lower inner.lr, set inner.clip_norm, or "
         "choose inner.nonfinite 'skip' or 'zero'"
     )
+
+
+def test_a_context_learner_rolls_out_each_task_with_its_own_latent() -> None:
+    modules = {
+        "default_policy": {"obs_dim": 2, "action_dim": 2, "model": {"hidden_sizes": [8]}},
+        "encoder": {"obs_dim": 7, "action_dim": 3, "model": {"hidden_sizes": [8]}},
+    }
+    learner = MetaLearner(
+        {"algorithm": "context", "context": {"latent_dim": 3}, "modules": modules}
+    )
+    g = torch.Generator().manual_seed(1)
+    rows = {"rewards": torch.randn(TASKS, ROWS, generator=g)}
+    rows["new_obs"] = torch.randn(TASKS, ROWS, 2, generator=g)
+    support = {"default_policy": {**_support()["default_policy"], **rows}}
+    module = learner.config.rollout_module
+    adapted = _adapted(learner, module, support, 1)
+    for task in range(TASKS):
+        alone = learner.adapt(None, task_slice(support, task))[module]
+        # The mean of 10 codes of a 7-8-3 net and the prior: some 60 rounded operations on
+        # values the inputs bound (the codes of these small weights stay below them).
+        values = largest(support["default_policy"].values())
+        tolerance = rounding_tolerance(torch.float32, magnitude=values, ops=60)
+        torch.testing.assert_close(adapted["latent"][task], alone["latent"], rtol=0, atol=tolerance)
+        assert torch.equal(
+            adapted["network.layers.0.weight"][task], alone["network.layers.0.weight"]
+        )

@@ -12,12 +12,12 @@ import torch
 from pydantic import ValidationError
 
 from learners import MetaConfig, MetaLearner, ModuleCall, build_models, params_from_modules
-from learners.algorithms.macaw import (
+from learners.algorithms.macaw_config import MacawConfig, resolve_macaw
+from learners.algorithms.macaw_losses import (
     AdvantageWeightedRegression,
     advantage_weights,
     value_regression_loss,
 )
-from learners.algorithms.macaw_config import MacawConfig, resolve_macaw
 from tests.helpers.references import FD_STEP, central_differences
 from tests.helpers.tolerances import largest, rounding_tolerance
 
