@@ -71,11 +71,7 @@ def mirror_published(
     if settings is None:
         raise ValueError("mirror_published needs artifacts.mlflow in the config")
     registered_model = cfg.artifacts.registered_model or cfg.artifacts.name
-    command = ["offmeta", "artifacts", "mirror", str(ref), "--to", "mlflow"]
-    command += ["--root", cfg.artifacts.root, "--experiment", settings.experiment]
-    command += ["--registered-model", registered_model]
-    command += ["--tracking-uri", settings.tracking_uri] if settings.tracking_uri else []
-    backfill = shlex.join(command)
+    backfill = backfill_command(cfg, ref)
     deadline = time.monotonic() + settings.timeout_s
     detail, attempt = "", 0
     for attempt in range(1, settings.attempts + 1):
@@ -119,6 +115,18 @@ def mirror_published(
     outcome = MirrorOutcome(str(ref), False, detail, attempt, backfill)
     logger.error("%s", outcome.line())
     return outcome
+
+
+def backfill_command(cfg: MetaTrainConfig, ref: ArtifactRef | str) -> str:
+    """The ``offmeta artifacts mirror`` command that mirrors ``ref`` to ``artifacts.mlflow``."""
+    settings = cfg.artifacts.mlflow
+    if settings is None:
+        raise ValueError("backfill_command needs artifacts.mlflow in the config")
+    command = ["offmeta", "artifacts", "mirror", str(ref), "--to", "mlflow"]
+    command += ["--root", cfg.artifacts.root, "--experiment", settings.experiment]
+    command += ["--registered-model", cfg.artifacts.registered_model or cfg.artifacts.name]
+    command += ["--tracking-uri", settings.tracking_uri] if settings.tracking_uri else []
+    return shlex.join(command)
 
 
 def mirror_markdown(outcome: MirrorOutcome, tracking_uri: str | None) -> str:

@@ -8,8 +8,6 @@ pytest timeout instead."""
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from flows.stages.mirroring import mirror_published
 from pipeline.artifacts import ArtifactStore
 from tests.helpers.flow_runs import tiny_config
 from tests.helpers.mlflow_server import unused_uri
+from tests.helpers.silent_server import silent_server as silent_mlflow
 from tests.pipeline.mlflow.test_mirror import publish
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,29 +35,8 @@ def mlflow_client_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def silent_server() -> Iterator[str]:
-    """A loopback port that accepts connections and never answers a byte."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    acceptor = threading.Thread(target=accept, daemon=True)
-    acceptor.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        acceptor.join(timeout=5)
-        for connection in held:
-            connection.close()
-        listener.close()
+    with silent_mlflow() as uri:
+        yield uri
 
 
 def _published(tmp_path: Path, tracking_uri: str, *overrides: str) -> tuple[str, MetaTrainConfig]:
