@@ -135,6 +135,9 @@ def publish_result(
 
     The lineage names the flow run that was triggered (``meta-train-from-file`` for a
     deployment) and, when ``meta-train`` ran as its subflow, that one too."""
+    _logger().info(
+        "publishing the next version of %s to %s", cfg.artifacts.name, cfg.artifacts.root
+    )
     this_run = flow_run.get_id()
     triggered = flow_run.root_flow_run_id if this_run is not None else None
     ref = publish(
@@ -188,11 +191,13 @@ def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
         with interruptible("train", run_dir=resume), opening as run:
             # Each stage names the run directory a signal leaves to --resume.
             at = str(run.path)
-            with interruptible("train", run_dir=at), timings.stage("train"):
+            with interruptible("train", run_dir=at):
                 _tidy_runs(cfg, run)
-                trained = train_learner.with_options(
-                    retries=cfg.training.retries, retry_delay_seconds=cfg.training.retry_delay_s
-                )(cfg, datasets, at)
+                with timings.stage("train"):
+                    trained = train_learner.with_options(
+                        retries=cfg.training.retries,
+                        retry_delay_seconds=cfg.training.retry_delay_s,
+                    )(cfg, datasets, at)
             with interruptible("evaluate", run_dir=at), timings.stage("evaluate"):
                 report = evaluate_learner(cfg, trained, datasets)
             with interruptible("publish", run_dir=at), timings.stage("publish"):

@@ -73,6 +73,8 @@ def mirror_published(
     registered_model = cfg.artifacts.registered_model or cfg.artifacts.name
     backfill = backfill_command(cfg, ref)
     deadline = time.monotonic() + settings.timeout_s
+    where = settings.tracking_uri or "$MLFLOW_TRACKING_URI"
+    logger.info("mirroring %s to MLflow at %s (within %g s)", ref, where, settings.timeout_s)
     detail, attempt = "", 0
     for attempt in range(1, settings.attempts + 1):
         try:

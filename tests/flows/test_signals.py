@@ -189,7 +189,9 @@ def test_sigterm_while_publishing_to_a_silent_store(data: Path, tmp_path: Path) 
             "AWS_REGION": "us-east-1",
         }
         process = offmeta(tmp_path, config, environment=s3)
-        stopped = _stop_at(process, "for task 'publish'")
+        stopped = _stop_at(
+            process, "publishing the next version of tiny-robot to s3://models/offmeta"
+        )
     assert stopped.status == 143, stopped.output
     run_dir = _only_run_dir(tmp_path)
     assert stopped.last == _resume_line("SIGTERM", "while publishing", tmp_path, run_dir)
@@ -205,7 +207,7 @@ def test_sigterm_during_the_mirror_leaves_the_version_published(data: Path, tmp_
             f"artifacts.mlflow.tracking_uri={mlflow}",
             "artifacts.mlflow.timeout_s=300",
         )
-        stopped = _stop_at(offmeta(tmp_path, config), "for task 'mirror-to-mlflow'")
+        stopped = _stop_at(offmeta(tmp_path, config), "mirroring tiny-robot:1 to MLflow at ")
     assert stopped.status == 143, stopped.output
     root = tmp_path / "artifacts"
     assert stopped.last == (
