@@ -35,6 +35,7 @@ from pipeline.artifacts import ArtifactRef, ArtifactStore
 _T = TypeVar("_T")
 _MAX_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
 _TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+_WAIT_SLICE_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,10 @@ def _before(deadline: float, call: Callable[[], _T]) -> _T:
 
     worker = threading.Thread(target=attempt, name="offmeta-mlflow-mirror", daemon=True)
     worker.start()
-    worker.join(left)
+    # In short waits: a signal that another thread of the process receives only runs its
+    # handler here once the main thread's wait ends (a SIGTERM must end the run in seconds).
+    while worker.is_alive() and (remaining := deadline - time.monotonic()) > 0:
+        worker.join(min(remaining, _WAIT_SLICE_S))
     if worker.is_alive():
         raise _OutOfTime
     if "error" in outcome:

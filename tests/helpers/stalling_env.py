@@ -4,7 +4,7 @@ its evaluation stage for as long as it likes."""
 
 from __future__ import annotations
 
-import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,8 +18,8 @@ STALLING_LINE = "stalling-env: the first rollout step waits for good"
 class _Stalling(gym.Wrapper):
     def step(self, action: Any) -> Any:
         print(STALLING_LINE, flush=True)
-        threading.Event().wait()  # a signal's handler still runs: the main thread waits here
-        return super().step(action)
+        while True:  # short sleeps: a signal's handler runs between them, whichever thread got it
+            time.sleep(0.1)
 
 
 def stalling_point_robot(task_id: str, params: Mapping[str, Any], **kwargs: Any) -> gym.Env:
