@@ -77,10 +77,12 @@ def mirror_published(
     where = settings.tracking_uri or "$MLFLOW_TRACKING_URI"
     logger.info("mirroring %s to MLflow at %s (within %g s)", ref, where, settings.timeout_s)
     detail, attempt = "", 0
+    # Outside the try: its except clauses name MirrorError (mlflow itself is imported by
+    # mirror(), so a missing client still counts as a failed attempt).
+    from pipeline.mlflow.mirror import MirrorError, MlflowTarget, mirror
+
     for attempt in range(1, settings.attempts + 1):
         try:
-            from pipeline.mlflow.mirror import MirrorError, MlflowTarget, mirror
-
             target = MlflowTarget.resolve(
                 settings.tracking_uri, settings.experiment, registered_model
             )
