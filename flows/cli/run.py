@@ -194,16 +194,8 @@ def _serve(args: argparse.Namespace) -> int:
     from flows.meta_train import meta_train
 
     # flow.serve stops cleanly on KeyboardInterrupt; make SIGTERM (systemd, docker stop,
-    # a test) mean the same, and remember which signal it was for the exit status.
-    stopped_by: list[int] = []
-
-    def interrupt(signum: int, frame: object) -> None:
-        stopped_by.append(signum)
-        if len(stopped_by) == 1:
-            raise KeyboardInterrupt
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, interrupt)
+    # a test) mean the same.
+    signal.signal(signal.SIGTERM, _interrupt)
     name = args.name or cfg.artifacts.name
     meta_train.serve(
         name=name,
@@ -213,15 +205,8 @@ def _serve(args: argparse.Namespace) -> int:
         limit=args.limit,
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    if not stopped_by:
-        print(f"offmeta serve: stopped serving meta-train/{name}", file=sys.stderr)
-        return 0
-    print(
-        f"offmeta serve: stopped by {signal.Signals(stopped_by[0]).name}: no longer serving "
-        f"meta-train/{name}",
-        file=sys.stderr,
-    )
-    return 128 + stopped_by[0]
+    print(f"offmeta serve: stopped serving meta-train/{name}", file=sys.stderr)
+    return 0
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -308,3 +293,7 @@ def _api_answers(command: str, url: str | None) -> bool:
         print(f"offmeta {command}: {error}", file=sys.stderr)
         return False
     return True
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

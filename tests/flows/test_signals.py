@@ -21,7 +21,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +28,10 @@ from uuid import UUID
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.exceptions import ObjectNotFound
 
-from flows.runs.run_dirs import read_run
 from pipeline.artifacts import ArtifactStore
 from tests.helpers.flow_runs import tiny_document, tiny_point_robot, write_config
 from tests.helpers.offmeta_process import offmeta, reap
-from tests.helpers.paths import REPO
 from tests.helpers.silent_server import silent_server
 from tests.helpers.stalling_env import STALLING_LINE
 
@@ -239,50 +235,3 @@ def test_the_temporary_prefect_server_records_the_crash_before_it_stops(
     with contextlib.closing(sqlite3.connect(home / "prefect.db")) as database:
         states = database.execute("SELECT state_type FROM flow_run").fetchall()
     assert states == [("CRASHED",)]
-
-
-def test_sigterm_to_offmeta_serve_ends_the_run_in_progress(data: Path, tmp_path: Path) -> None:
-    from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL
-
-    config = _config(tmp_path, data, "artifacts.name=served-robot", "ray.num_cpus=1")
-    command = [str(Path(sys.executable).with_name("offmeta")), "serve", "--config", str(config)]
-    environment = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "PREFECT_API_URL": PREFECT_API_URL.value(),
-        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-    }
-    serve = subprocess.Popen(
-        [*command, "--name", "signalled"],
-        cwd=tmp_path,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-    def trigger_once_served() -> None:
-        with get_client(sync_client=True) as client:
-            while True:
-                try:
-                    deployment = client.read_deployment_by_name("meta-train/signalled")
-                    break
-                except ObjectNotFound:
-                    threading.Event().wait(1)
-        run_deployment(deployment.id, timeout=0)
-
-    trigger = threading.Thread(target=trigger_once_served, daemon=True)
-    trigger.start()
-    stopped = _stop_at(serve, re.compile(r"iteration 8/40 "))
-    trigger.join(timeout=ENDS_WITHIN_S)
-    assert stopped.status == 143, stopped.output
-    assert "offmeta serve: stopped by SIGTERM: no longer serving meta-train/signalled" in (
-        stopped.output.splitlines()
-    )
-    run_dir = _only_run_dir(tmp_path)
-    assert _flow_run_state(run_dir) in {"CRASHED", "CANCELLED"}
-    record = read_run(run_dir)
-    assert record.finished is None
-    assert ArtifactStore(tmp_path / "artifacts").list_versions("served-robot") == []
