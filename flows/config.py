@@ -479,6 +479,13 @@ class MlflowConfig(BaseModel):
         "as not mirrored (the run itself still succeeds).",
     )
     retry_delay_s: float = Field(2.0, ge=0, description="Seconds between two tries.")
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds the mirror may take in all, every attempt and the waits between "
+        "them together; past them the version is reported as not mirrored (each request to "
+        "MLflow is made once, with at most the seconds left as its timeout).",
+    )
 
 
 class ArtifactsConfig(BaseModel):

@@ -17,7 +17,9 @@ session, the run directory (``flows.runs.run_dirs``) and decides retries:
 - with ``artifacts.mlflow``, ``mirror-to-mlflow`` mirrors the committed version to MLflow
   (``flows.stages.mirroring``): it retries, and an outage is reported, never a failed run;
 - what ``flows.runs.retry_policy`` calls permanent (bad input, non-finite arithmetic) fails at
-  once, since retrying would fail the same way.
+  once, since retrying would fail the same way;
+- a SIGINT or SIGTERM stops the stage in progress as ``flows.process.signals.RunInterrupted``
+  naming the stage and the run directory to resume (Prefect records the runs CRASHED).
 
 ``meta_train_from_file`` reads the config from a YAML file at run time, for work-pool
 deployments (``prefect.yaml``) that point at a checked-in config.
@@ -40,6 +42,7 @@ from prefect.states import State
 from flows.config import MetaTrainConfig, load_config
 from flows.evaluation.heldout import EvaluationReport, evaluate
 from flows.process.runtime import code_version, ray_session, torch_threads
+from flows.process.signals import interruptible
 from flows.runs.crashed import mark_crashed
 from flows.runs.retention import prune_runs
 from flows.runs.retry_policy import is_permanent
@@ -48,7 +51,12 @@ from flows.runs.train_state import TrainResult
 from flows.scale_out import train_on_ray
 from flows.scale_out.cluster_storage import alive_nodes, check_reachable
 from flows.stages.datasets import Datasets, validate_datasets
-from flows.stages.mirroring import MirrorOutcome, mirror_markdown, mirror_published
+from flows.stages.mirroring import (
+    MirrorOutcome,
+    backfill_command,
+    mirror_markdown,
+    mirror_published,
+)
 from flows.stages.publishing import prefect_artifact_keys, publish, show_in_prefect
 from flows.stages.timings import StageTimes
 from flows.stages.train import train
@@ -127,6 +135,9 @@ def publish_result(
 
     The lineage names the flow run that was triggered (``meta-train-from-file`` for a
     deployment) and, when ``meta-train`` ran as its subflow, that one too."""
+    _logger().info(
+        "publishing the next version of %s to %s", cfg.artifacts.name, cfg.artifacts.root
+    )
     this_run = flow_run.get_id()
     triggered = flow_run.root_flow_run_id if this_run is not None else None
     ref = publish(
@@ -172,23 +183,31 @@ def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
     timings = StageTimes()
     with ray_session(cfg.ray), torch_threads(cfg.training.torch_threads):
         # Before any read: on several nodes a local path fails late, on the other nodes.
-        check_reachable(cfg, alive_nodes())
-        with timings.stage("validate"):
-            datasets = validate_dataset(cfg)
-        with open_run(cfg, resume=resume, flow_run_id=flow_run.get_id()) as run:
-            _tidy_runs(cfg, run)
-            with timings.stage("train"):
-                trained = train_learner.with_options(
-                    retries=cfg.training.retries, retry_delay_seconds=cfg.training.retry_delay_s
-                )(cfg, datasets, str(run.path))
-            with timings.stage("evaluate"):
+        with interruptible("validate", run_dir=resume):
+            check_reachable(cfg, alive_nodes())
+            with timings.stage("validate"):
+                datasets = validate_dataset(cfg)
+        opening = open_run(cfg, resume=resume, flow_run_id=flow_run.get_id())
+        with interruptible("train", run_dir=resume), opening as run:
+            # Each stage names the run directory a signal leaves to --resume.
+            at = str(run.path)
+            with interruptible("train", run_dir=at):
+                _tidy_runs(cfg, run)
+                with timings.stage("train"):
+                    trained = train_learner.with_options(
+                        retries=cfg.training.retries,
+                        retry_delay_seconds=cfg.training.retry_delay_s,
+                    )(cfg, datasets, at)
+            with interruptible("evaluate", run_dir=at), timings.stage("evaluate"):
                 report = evaluate_learner(cfg, trained, datasets)
-            with timings.stage("publish"):
+            with interruptible("publish", run_dir=at), timings.stage("publish"):
                 ref = publish_result(cfg, trained, report, datasets, run.run_id)
-            run.finish(str(ref), ref.uri)
+                run.finish(str(ref), ref.uri)
         mirrored = None
         if cfg.artifacts.mlflow is not None:
-            with timings.stage("mirror"):
+            backfill = backfill_command(cfg, ref)
+            stopped = interruptible("mirror", published=str(ref), backfill=backfill)
+            with stopped, timings.stage("mirror"):
                 mirrored = mirror_result(cfg, ref)
     return RunSummary(
         artifact=str(ref),

@@ -59,9 +59,9 @@ QUIET_LOGGERS = {
 
 def drop_off_main_thread_warning() -> None:
     """Drop the warning ``ray.init`` logs when it runs off the main thread (that it set no
-    SIGTERM handler): ``flows.process.runtime.RayStart`` starts Ray on a thread of its own and
-    sets that handler itself. Private: the line comes from ``ray._private.worker``'s logger,
-    and Ray has no setting for it."""
+    SIGTERM handler): ``flows.process.runtime.RayStart`` starts Ray on a thread of its own, and
+    ``offmeta run`` handles SIGTERM itself (``flows.process.signals``). Private: the line
+    comes from ``ray._private.worker``'s logger, and Ray has no setting for it."""
     logging.getLogger("ray._private.worker").addFilter(_not_the_main_thread_warning)
 
 

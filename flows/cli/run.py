@@ -13,6 +13,11 @@ thread once they have passed (``flows.process.runtime.RayStart``); with ``PREFEC
 set, that server must answer (``flows.process.prefect_api``) before anything else happens.
 The run ends with the seconds each stage took (``flows.stages.timings``).
 
+SIGINT or SIGTERM at any stage ends the run within seconds (``flows.process.signals``): the
+flow run is recorded CRASHED, the run directory keeps its last checkpoint, and one line says
+what was stopped and the ``--resume`` command that continues it; the exit status is 130
+(SIGINT) or 143 (SIGTERM).
+
 A run that fails on a permanent error (``flows.runs.retry_policy``) ends with one line, not
 Prefect's tracebacks (``flows.process.console``; ``OFFMETA_VERBOSE=1`` shows them).
 
@@ -33,6 +38,7 @@ from flows.process.console import permanent_failures_in_one_line
 from flows.process.prefect_api import PrefectApiError, check_api_answers, prefect_api_url
 from flows.process.prefect_server import PrefectApi
 from flows.process.runtime import RayStart, set_quiet_environment
+from flows.process.signals import STARTING, RunInterrupted, ending_on_signals, interruptible
 from flows.runs.run_dirs import RunDirError, check_resumable, find_resumable, read_run
 
 if TYPE_CHECKING:
@@ -105,14 +111,19 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     began = time.perf_counter()
     set_quiet_environment()
-    # Prefect's temporary server takes ~10 s to boot and Ray a few: both start while the
-    # data is checked, instead of one after the other inside the flow.
     try:
-        prefect = PrefectApi()
-    except PrefectApiError as error:
-        print(f"offmeta run: {error}", file=sys.stderr)
-        return 1
-    return _run_when_ready(cfg, resume, prefect, began)
+        with ending_on_signals(), interruptible(STARTING, run_dir=resume):
+            # Prefect's temporary server takes ~10 s to boot and Ray a few: both start while
+            # the data is checked, instead of one after the other inside the flow.
+            try:
+                prefect = PrefectApi()
+            except PrefectApiError as error:
+                print(f"offmeta run: {error}", file=sys.stderr)
+                return 1
+            return _run_when_ready(cfg, resume, prefect, began)
+    except RunInterrupted as stop:
+        print(f"offmeta run: {stop.line(_command(args))}", file=sys.stderr)
+        return stop.exit_status
 
 
 def _run_when_ready(
@@ -197,6 +208,12 @@ def _serve(args: argparse.Namespace) -> int:
     )
     print(f"offmeta serve: stopped serving meta-train/{name}", file=sys.stderr)
     return 0
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    """The ``offmeta run`` command line of ``args``, without ``--resume``."""
+    sets = [part for override in args.overrides for part in ("--set", override)]
+    return ["offmeta", "run", "--config", args.config, *sets]
 
 
 def _load(args: argparse.Namespace, command: str) -> MetaTrainConfig | None:

@@ -6,7 +6,8 @@ starting it also imports Prefect's whole server package into the run's process f
 the subprocess then imports again. ``offmeta run`` starts the same subprocess itself, before
 it checks the data, so the server boots on the other core while this process checks the
 data and starts Ray; the flow is then pointed at it through ``PREFECT_API_URL``, and it
-stops when the process exits.
+stops when the process exits. It runs in a process group of its own, so that a signal sent to
+the run's group (Ctrl-C, ``timeout``) lets the run record its end there before it stops.
 
 Whether a URL is configured is known at once from the environment; a URL in the active
 Prefect profile only once Prefect's settings are imported (seconds, which a run refused for
@@ -17,8 +18,10 @@ stopped again when the profile names one (``resolve``).
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +55,9 @@ _PORT_IN_USE = 3
 """uvicorn's exit status when it cannot start: the port taken between choosing and binding it
 (tried again, ``_STARTS`` times in all), or the app failing at start-up."""
 _STARTS = 3
+_PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal the kernel sends a process when the thread that started it
+ends (the run's main thread, which starts the server)."""
 _LOG_PREFIX = re.compile(r"^[0-9:.]+ \| [A-Z]+ +\| [\w.]+ - ")
 """Prefect's log-line prefix (time, level, logger), left out of the line quoted."""
 
@@ -150,6 +156,7 @@ class PrefectApi:
             env={**os.environ, **_SERVER_ENV},
             stdout=subprocess.DEVNULL,
             stderr=self._log,
+            preexec_fn=_apart_until_parent_dies,
         )
         # At exit, after Prefect's log and event workers (registered later, so run earlier)
         # have sent what they hold.
@@ -165,6 +172,16 @@ class PrefectApi:
         from prefect.context import refresh_global_settings_context
 
         refresh_global_settings_context()
+
+
+def _apart_until_parent_dies() -> None:
+    """In the server's process before it starts: a process group of its own, so that the
+    SIGINT of a Ctrl-C or the SIGTERM that ``timeout`` sends to the run's group reach only the
+    run, which records its end on this server before stopping it (``stop``, at exit); and on
+    Linux a SIGTERM when the run's process dies without stopping it (SIGKILL)."""
+    os.setpgid(0, 0)
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _answers(url: str) -> bool:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,10 +93,6 @@ class RayStart:
         if ray.is_initialized():
             self._ready.set()
             return self
-        if threading.current_thread() is threading.main_thread():
-            # What ray.init does on the main thread: SIGTERM ends the process through
-            # sys.exit, so that exit handlers (Ray's shutdown among them) run.
-            signal.signal(signal.SIGTERM, _exit_on_signal)
         drop_off_main_thread_warning()
         self._keeper = threading.Thread(target=self._keep, name="offmeta-ray-start", daemon=True)
         self._keeper.start()
@@ -156,10 +150,6 @@ def _init_ray(config: RayConfig) -> None:
         log_to_driver=not quiet,
         logging_level=logging.WARNING if quiet else logging.INFO,
     )
-
-
-def _exit_on_signal(signum: int, frame: object) -> None:
-    sys.exit(signum)
 
 
 @contextlib.contextmanager

@@ -35,6 +35,10 @@ def test_an_mlflow_section_defaults_to_the_environment_uri_and_the_artifact_name
             "artifacts.mlflow.attempts: Input should be greater than or equal to 1 (got 0)",
         ),
         (
+            "artifacts.mlflow.timeout_s=0",
+            "artifacts.mlflow.timeout_s: Input should be greater than 0 (got 0)",
+        ),
+        (
             "artifacts.mlflow.experiment=''",
             "artifacts.mlflow.experiment: String should have at least 1 character (got '')",
         ),

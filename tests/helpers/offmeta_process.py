@@ -14,11 +14,17 @@ from tests.helpers.paths import REPO
 
 
 def offmeta(
-    work: Path, config: Path, *extra: str, environment: Mapping[str, str] | None = None
+    work: Path,
+    config: Path,
+    *extra: str,
+    environment: Mapping[str, str] | None = None,
+    temporary_prefect: bool = False,
 ) -> subprocess.Popen:
     """``offmeta run --config config *extra`` in ``work``, recording on the test's Prefect
-    server, in a process group of its own (so that what it started can be cleaned up after
-    a kill); ``environment`` adds to the process's variables (a cluster's, say)."""
+    server (or, with ``temporary_prefect``, on the temporary server the run starts itself), in
+    a process group of its own (so that what it started can be cleaned up after a kill, and a
+    signal can reach the group as a Ctrl-C's does); ``environment`` adds to the process's
+    variables (a cluster's, say)."""
     from prefect.settings import PREFECT_API_URL
 
     env = {
@@ -27,6 +33,8 @@ def offmeta(
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         "PREFECT_API_URL": PREFECT_API_URL.value(),
     }
+    if temporary_prefect:
+        del env["PREFECT_API_URL"]
     command = [str(Path(sys.executable).with_name("offmeta")), "run", "--config", str(config)]
     return subprocess.Popen(
         [*command, *extra],

@@ -63,6 +63,6 @@ def test_ray_started_on_another_thread_serves_the_main_one_until_the_flow_releas
         "released True",
         "after False ['MainThread']",
     ]
-    # Started off the main thread, ray.init warns that it set no SIGTERM handler: RayStart
-    # sets it, and drops that warning.
+    # Started off the main thread, ray.init warns that it set no SIGTERM handler: offmeta run
+    # sets its own (flows.process.signals), and RayStart drops that warning.
     assert "SIGTERM handler is not set" not in result.stderr
