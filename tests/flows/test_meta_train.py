@@ -64,7 +64,7 @@ def test_offmeta_run_prints_the_evaluation_table_and_the_reference(first_run: Fi
     lines = first_run.stdout.strip().splitlines()
     assert lines[0] == (
         "held-out evaluation: 4 tasks, K=5 support / Q=5 query transitions, "
-        "2 point_robot episodes per task"
+        "context offline: 5 random transitions per task, 2 point_robot episodes per task"
     )
     measures = [line.split("  ")[0] for line in lines[3:10]]
     assert measures == [

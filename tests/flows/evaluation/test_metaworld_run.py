@@ -16,7 +16,11 @@ from flows.config import load_config
 from pipeline.artifacts import ArtifactStore
 from tests.helpers.paths import REPO
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # metaworld's policy gains
+# The simulator smoke test of docs/metaworld.md is a system test (issue 31: Meta-World smoke).
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.filterwarnings("ignore::UserWarning"),  # metaworld's policy gains
+]
 
 CONFIGS = REPO / "flows" / "configs"
 POLICIES = ("unadapted", "adapted", "expert")

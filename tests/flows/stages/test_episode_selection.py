@@ -59,7 +59,7 @@ def test_the_held_out_report_names_the_conditions() -> None:
         episodes_where=["behavior in ['noisy_expert']"],
     )
     assert report.format().splitlines()[0] == (
-        "held-out evaluation: 2 tasks, K=3 support / Q=4 query transitions, held-out "
-        "episodes where behavior in ['noisy_expert']"
+        "held-out evaluation: 2 tasks, K=3 support / Q=4 query transitions, context offline: "
+        "random transitions, held-out episodes where behavior in ['noisy_expert']"
     )
     assert report.to_dict()["episodes_where"] == ["behavior in ['noisy_expert']"]

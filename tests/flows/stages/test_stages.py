@@ -219,7 +219,7 @@ def test_the_report_table_compares_with_before_adaptation() -> None:
     assert report.format() == "\n".join(
         [
             "held-out evaluation: 50 tasks, K=10 support / Q=10 query transitions, "
-            "10 point_robot episodes per task",
+            "context offline: random transitions, 10 point_robot episodes per task",
             "measure                        value  change",
             "-----------------------------  -----  ------",
             "query loss, before adaptation  0.004",
