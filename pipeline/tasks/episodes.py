@@ -200,14 +200,15 @@ def check_episode_sizes(
     query: int,
     *,
     skip_small_tasks: bool,
-    where: str,
-    keys: str,
-    skip: str,
+    where: str = "task_samples",
+    keys: str = "episode_support or query",
+    skip: str = "skip_small_tasks=True",
 ) -> dict[str, int]:
     """The (module, task) groups (-> their episodes' lengths) too small for one sample ->
     their rows, in group order; refused in one line unless ``skip_small_tasks``, and always
-    when every group is small. ``where`` and ``keys`` word the message for the caller (the
-    data, the settings to lower and the one that skips, as arguments or config keys)."""
+    when every group is small. ``where``, ``keys`` and ``skip`` word the message for the
+    caller (the data, the settings to lower and the one that skips): by default in
+    ``task_samples``'s arguments, as both of its paths (in memory, task windows) say it."""
     several = len({module for module, _ in groups}) > 1
     small: dict[str, tuple[int, int, int]] = {}
     for (module, task), lengths in groups.items():

@@ -185,9 +185,6 @@ def _sampled(
             lengths,
             query,
             skip_small_tasks=skip_small_tasks,
-            where="task_samples",
-            keys="episode_support or query",
-            skip="skip_small_tasks=True",
         )
     else:
         counts = np.diff(groups.offsets)

@@ -258,9 +258,6 @@ def plan_task_windows(
             lengths,
             query,
             skip_small_tasks=skip_small_tasks,
-            where="task_samples",
-            keys="episode_support or query",
-            skip="skip_small_tasks=True",
         )
         support = episode_support.episodes * episode_steps(
             episode_support, np.concatenate(list(lengths.values())), "task_samples"
