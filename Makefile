@@ -28,11 +28,16 @@ run: venv
 
 # Two tiers (docs/development.md#tiers): the quick one, then the system tests. Exit status 5
 # (nothing selected: PYTEST_ARGS named files of the other tier only) counts as passed.
+# TEST_WORKERS test processes (pytest-xdist) share each tier file by file; each process has
+# its own session Ray, Prefect server, S3 and MLflow servers. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
 test: venv
-	$(VENV)/bin/python -m pytest -m 'not system' $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(VENV)/bin/python -m pytest -m 'not system' $(XDIST) $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-system: venv
-	$(VENV)/bin/python -m pytest -m system $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(VENV)/bin/python -m pytest -m system $(XDIST) $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -143,27 +143,6 @@ def test_the_compiled_step_equals_the_eager_one(run: CompiledRun) -> None:
             torch.testing.assert_close(compiled[key], reference[key], rtol=0, atol=atol)
 
 
-def test_learners_of_the_same_shapes_never_run_each_others_compiled_code_and_shapes_do(
-    run: CompiledRun,
-) -> None:
-    # The compiled step checks no guard on the learner it closes over (its config among
-    # them): a learner differing only there must compile its own code, not reuse the
-    # fixture's (same function, same shapes). Guards on the tensors stay: a meta-batch of
-    # another shape compiles once more.
-    config = _config(compile="default", inner={"lr": 0.3, "learned_lr": "tensor"})
-    compiled, eager = MetaLearner(config), MetaLearner({**config, "compile": "off"})
-    for steps, batch in enumerate((_meta_batch(0), _meta_batch(1, tasks=3)), start=1):
-        mine, reference = compiled.step(batch), eager.step(batch)
-        assert compiled.compiled_step.compilations == steps
-        for key in _COMPARED:
-            atol = rounding_tolerance(F32, magnitude=float(reference[key]) + 1, ops=_OPS)
-            torch.testing.assert_close(mine[key], reference[key], rtol=0, atol=atol)
-        atol = _atol(eager, steps)
-        for name, p in eager.meta_params["m"].items():
-            torch.testing.assert_close(compiled.meta_params["m"][name], p, rtol=0, atol=atol)
-    assert run.compiled.compiled_step.compilations == 1
-
-
 def test_one_compilation_serves_every_meta_batch_of_one_shape_and_its_time_is_logged(
     run: CompiledRun,
 ) -> None:

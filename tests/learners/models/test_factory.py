@@ -4,15 +4,13 @@ built-in MLP over shaped observations (`obs_shape`)."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 from pydantic import ValidationError
 
 from learners import MetaConfig, MetaLearner, ModuleSpec, build_model, build_models
 from tests.helpers.references import FD_STEP, central_differences
-from tests.helpers.tolerances import largest, rounding_tolerance, trajectory_tolerance
+from tests.helpers.tolerances import largest, rounding_tolerance
 from tests.learners.models import factory_nets
 
 F64 = torch.float64
@@ -118,30 +116,6 @@ def test_meta_sgd_meta_gradients_match_finite_differences_in_float64():
     for leaf, analytic in pairs:
         numeric = central_differences(lambda: learner.evaluate(meta_batch, steps=(2,))[2], leaf)
         torch.testing.assert_close(analytic, numeric, rtol=0, atol=atol)
-
-
-def test_the_compiled_step_with_a_factory_equals_the_eager_one():
-    config = _config(algorithm="metasgd", dtype="float32", outer={"lr": 0.01})
-    compiled = MetaLearner({**config, "compile": "default"})
-    eager = MetaLearner(config)
-    try:
-        for seed in range(3):
-            batch = _meta_batch(seed=seed, dtype=torch.float32)
-            compiled.step(batch)
-            eager.step(batch)
-        assert compiled.compiled_step.fallback is None
-        assert compiled.compiled_step.compilations == 1
-        leaves = [*eager.meta_params["m"].values(), *eager.log_lrs.values()]
-        atol = trajectory_tolerance(
-            torch.float32, steps=3, step_size=0.01, params_magnitude=largest(leaves), ops=_OPS
-        )
-        for name, p in eager.meta_params["m"].items():
-            torch.testing.assert_close(compiled.meta_params["m"][name], p, rtol=0, atol=atol)
-    finally:
-        # Compiled code keeps its tracing objects until dynamo's caches go (see
-        # tests/learners/meta/test_compiled_step.py).
-        torch._dynamo.reset()
-        gc.collect()
 
 
 def test_a_gaussian_factory_is_read_by_the_gaussian_nll_loss():
