@@ -10,9 +10,12 @@ The model's artifacts are the version's ``learner_state`` files and its ``manife
     model.predict(obs, params={"module_id": "critic"})   # another module
 
 A dict input adapts the meta-parameters to the support rows (``learner.adapt``, the training
-inner rule and steps) and predicts ``obs`` with the adapted parameters; an array is predicted
-with the meta-parameters. ``model.unwrap_python_model().learner`` is the ``MetaLearner``
-itself, for everything else the consumer API offers (``adapt`` with other steps, ``predict``).
+inner rule and steps) and predicts ``obs`` with the adapted parameters; each ``support_<column>``
+key is a column of the support rows, and the algorithm's own columns are required (MACAW adds
+``support_returns``; the context learner the columns its encoder reads, such as
+``support_rewards`` and ``support_new_obs``). An array is predicted with the meta-parameters.
+``model.unwrap_python_model().learner`` is the ``MetaLearner`` itself, for everything else the
+consumer API offers (``adapt`` with other steps, ``predict``).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ set_model(OffmetaPolicy())
 nothing: MLflow runs this file, which needs offmeta importable where the model is loaded."""
 ARTIFACT_FILES = (LEARNER_TENSORS, LEARNER_JSON, MANIFEST)
 """The files of a version the model carries (each under its own name as the artifact key)."""
-SUPPORT_KEYS = ("support_obs", "support_actions")
+SUPPORT_PREFIX = "support_"
 
 
 class OffmetaPolicy(mlflow.pyfunc.PythonModel):
@@ -86,21 +89,26 @@ class OffmetaPolicy(mlflow.pyfunc.PythonModel):
         params: Mapping[str, Any] | None = None,
     ) -> np.ndarray | dict[str, np.ndarray]:
         """Actions for ``model_input``: observations ``[B, obs_dim]`` (array, DataFrame or list),
-        or ``{"obs", "support_obs", "support_actions"}`` to adapt on the support rows first.
-        ``params={"module_id": ...}`` picks the module (default ``default_policy``)."""
+        or ``{"obs", "support_obs", "support_actions", ...}`` to adapt on the support rows
+        first. ``params={"module_id": ...}`` picks the module (default ``default_policy``)."""
         module_id = str((params or {}).get("module_id", DEFAULT_MODULE_ID))
         adapted = None
         if isinstance(model_input, Mapping):
-            missing = [key for key in ("obs", *SUPPORT_KEYS) if key not in model_input]
+            columns = ("obs", "actions", *self.learner.config.sample_columns)
+            needed = ["obs", *(SUPPORT_PREFIX + column for column in dict.fromkeys(columns))]
+            missing = [key for key in needed if key not in model_input]
             if missing:
                 raise ValueError(
-                    f"a dict input to {self.spec} needs the keys obs, support_obs and "
-                    f"support_actions; missing: {', '.join(missing)} (pass an array of "
+                    f"a dict input to {self.spec} needs the keys {', '.join(needed[:-1])} and "
+                    f"{needed[-1]}; missing: {', '.join(missing)} (pass an array of "
                     "observations alone to predict with the meta-parameters)"
                 )
             support = {
-                "obs": self._tensor(model_input["support_obs"], module_id),
-                "actions": self._tensor(model_input["support_actions"], module_id, actions=True),
+                key.removeprefix(SUPPORT_PREFIX): self._tensor(
+                    value, module_id, actions=key == SUPPORT_PREFIX + "actions"
+                )
+                for key, value in model_input.items()
+                if key.startswith(SUPPORT_PREFIX)
             }
             adapted = self.learner.adapt(None, {module_id: support})
             obs = self._tensor(model_input["obs"], module_id)

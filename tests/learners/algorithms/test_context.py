@@ -14,8 +14,9 @@ import torch
 from pydantic import ValidationError
 
 from learners import MetaConfig, MetaLearner
+from learners.training.data_parallel import pack_gradients, unpack_gradients
 from pipeline.consumer import predict
-from tests.helpers.tolerances import largest, rounding_tolerance
+from tests.helpers.tolerances import largest, rounding_tolerance, trajectory_tolerance
 
 F64 = torch.float64
 POLICY, ENCODER, VALUE, MODEL = "default_policy", "encoder", "value", "task_model"
@@ -140,6 +141,39 @@ def _all(meta_batch: dict) -> list[torch.Tensor]:
 @pytest.mark.parametrize("rl", [False, True], ids=["imitation", "value"])
 def test_meta_gradients_match_a_per_task_loop_written_by_hand(rl: bool, vectorize: str) -> None:
     _assert_meta_gradients_match(_config(rl, vectorize=vectorize), rl)
+
+
+@pytest.mark.parametrize("rl", [False, True], ids=["imitation", "value"])
+def test_two_data_parallel_workers_sum_to_one_learner_on_all_tasks(rl: bool) -> None:
+    # What each Ray Train worker does with its share of a meta-batch (1 and 2 of the 3 tasks),
+    # and what the all-reduce does with their gradients, against one learner on all 3.
+    whole, workers = MetaLearner(_config(rl)), [MetaLearner(_config(rl)) for _ in range(2)]
+    for step in range(2):
+        meta_batch = _meta_batch(step)
+        whole.step(meta_batch)
+        shares = [
+            {
+                part: {m: {c: t[index] for c, t in cols.items()} for m, cols in batch.items()}
+                for part, batch in meta_batch.items()
+            }
+            for index in (slice(None, 1), slice(1, None))
+        ]
+        computed = [w.compute_meta_gradients(s) for w, s in zip(workers, shares, strict=True)]
+        summed = sum(pack_gradients(grads, m["num_tasks"]) for grads, m in computed)
+        for worker, (grads, _) in zip(workers, computed, strict=True):
+            worker.apply_meta_gradients(unpack_gradients(summed.clone(), grads))
+    for module, named in whole.meta_params.items():
+        atol = trajectory_tolerance(
+            F64,
+            steps=2,
+            step_size=whole.config.outer.lr,
+            params_magnitude=largest(named.values()),
+            ops=_OPS,
+        )
+        for name, expected in named.items():
+            for worker in workers:
+                found = worker.meta_params[module][name]
+                torch.testing.assert_close(found, expected, rtol=0, atol=atol)
 
 
 def test_adapt_gives_the_prior_for_no_context_and_a_latent_independent_of_order() -> None:

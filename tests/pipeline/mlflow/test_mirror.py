@@ -38,15 +38,15 @@ HISTORY = {"iteration": [4, 8, 12], "query_loss": [3.0, 2.0, 1.5], "grad_norm": 
 PNG = b"\x89PNG\r\n\x1a\n not really a picture"
 
 
-def publish(store: ArtifactStore, name: str, seed: int = 0) -> str:
+def publish(store: ArtifactStore, name: str, seed: int = 0, config: dict = CONFIG) -> str:
     """A version as ``offmeta run`` publishes one: learner state, history, a picture."""
     torch.manual_seed(seed)
-    state = MetaLearner(CONFIG).get_state()
+    state = MetaLearner(config).get_state()
     ref = store.publish(
         name,
         state["params"],
         metrics={"iterations": 12, "heldout_query_loss_0_steps": 2.5},
-        config={"learners": CONFIG, "artifacts": {"name": name}},
+        config={"learners": config, "artifacts": {"name": name}},
         lineage={
             "dataset_fingerprint": "sha256:" + "ab" * 32,
             "flow_run_id": "flow-run-1",

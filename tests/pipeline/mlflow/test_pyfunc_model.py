@@ -1,6 +1,7 @@
 """The registered model of a mirrored version, loaded in a fresh process with
 ``mlflow.pyfunc.load_model("models:/NAME@latest")``, predicts what ``load_learner`` predicts:
-before adaptation, after adaptation on support rows, and for another module."""
+before adaptation, after adaptation on support rows, and for another module; for the context
+learner, after encoding support transitions (rewards and next observations among them)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ _ROUND_TRIP = textwrap.dedent(
     import mlflow, numpy as np, torch
     from pipeline.consumer import load_learner, predict
 
-    uri, name, root = sys.argv[1:4]
+    uri, name, context_name, root = sys.argv[1:5]
     mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model(f"models:/{name}@latest")
     learner = load_learner(f"{name}@latest", root=root)
@@ -60,9 +61,36 @@ _ROUND_TRIP = textwrap.dedent(
         },
         "spec": f"{name}:2",
     }
+
+    # The context learner: its support rows carry what its encoder reads.
+    model = mlflow.pyfunc.load_model(f"models:/{context_name}@latest")
+    learner = load_learner(f"{context_name}@latest", root=root)
+    support = {
+        "obs": support_obs,
+        "actions": support_actions,
+        "rewards": -np.abs(support_obs).sum(1),
+        "new_obs": support_obs + 0.1,
+    }
+    adapted = learner.adapt(
+        None, {"default_policy": {k: torch.from_numpy(v) for k, v in support.items()}}
+    )
+    given = {"obs": obs, **{f"support_{k}": v for k, v in support.items()}}
+    found["context"] = [model.predict(obs).tolist(), model.predict(given).tolist()]
+    expected["context"] = [
+        predict(learner, torch.from_numpy(obs)).tolist(),
+        predict(learner, torch.from_numpy(obs), params=adapted).tolist(),
+    ]
     print(json.dumps({"found": found, "expected": expected}))
     """
 )
+CONTEXT_CONFIG = {
+    "algorithm": "context",
+    "context": {"latent_dim": 3},
+    "modules": {
+        "default_policy": {"obs_dim": 2, "action_dim": 2, "model": {"hidden_sizes": [8]}},
+        "encoder": {"obs_dim": 7, "action_dim": 3, "model": {"hidden_sizes": [8]}},
+    },
+}
 
 
 def test_the_registered_model_predicts_what_load_learner_predicts_in_a_fresh_process(
@@ -73,8 +101,12 @@ def test_the_registered_model_predicts_what_load_learner_predicts_in_a_fresh_pro
     publish(store, name, seed=0)
     publish(store, name, seed=1)
     mirror(store, name, MlflowTarget(mlflow_tracking.uri, "pyfunc-tests", name))
+    context_name = f"{name}-context"
+    publish(store, context_name, seed=2, config=CONTEXT_CONFIG)
+    mirror(store, context_name, MlflowTarget(mlflow_tracking.uri, "pyfunc-tests", context_name))
+    command = [sys.executable, "-c", _ROUND_TRIP, mlflow_tracking.uri, name, context_name]
     result = subprocess.run(
-        [sys.executable, "-c", _ROUND_TRIP, mlflow_tracking.uri, name, str(store.root)],
+        [*command, str(store.root)],
         cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
         capture_output=True,
@@ -85,6 +117,7 @@ def test_the_registered_model_predicts_what_load_learner_predicts_in_a_fresh_pro
     answer = json.loads(result.stdout.strip().splitlines()[-1])
     assert answer["found"] == answer["expected"]
     assert answer["found"]["meta"] != answer["found"]["adapted"]
+    assert answer["found"]["context"][0] != answer["found"]["context"][1]
 
 
 def test_a_dict_input_without_support_rows_is_refused(
@@ -104,4 +137,17 @@ def test_a_dict_input_without_support_rows_is_refused(
         f"a dict input to {name}:1 needs the keys obs, support_obs and support_actions; "
         "missing: support_actions (pass an array of observations alone to predict with the "
         "meta-parameters)"
+    )
+    context = f"{name}-context"
+    publish(store, context, config=CONTEXT_CONFIG)
+    mirror(store, context, MlflowTarget(mlflow_tracking.uri, "pyfunc-tests", context))
+    model = mlflow.pyfunc.load_model(f"models:/{context}/1")
+    with pytest.raises(ValueError) as refused:
+        model.predict(
+            {"obs": [[0.0, 1.0]], "support_obs": [[0.0, 1.0]], "support_actions": [[0.0, 1.0]]}
+        )
+    assert str(refused.value) == (
+        f"a dict input to {context}:1 needs the keys obs, support_obs, support_actions, "
+        "support_rewards and support_new_obs; missing: support_rewards, support_new_obs (pass "
+        "an array of observations alone to predict with the meta-parameters)"
     )
