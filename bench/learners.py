@@ -20,9 +20,14 @@
    cuda` runs 5 on a GPU (compile mode reduce-overhead; target: compiled step <= 1.5 ms for the
    sinusoid and the large shape); `--float32-matmul tf32` runs learners and baselines on TF32.
    `bench/gpu_checks.sh` runs it there with the CUDA tests.
+6. The context learner's `MetaLearner.step` (`algorithm: context`, reach-v3's sizes: 10 tasks
+   x K=Q=20, encoder 83-256-256-16 over `[obs, action, reward, next obs]`, policy
+   55-256-256-4 over `[obs, latent]`) against a hand-written encoder + conditioned-policy
+   step (`bench/baselines/context_step.py`), eager and compiled; the two are checked to give
+   the same parameters after one step first. CPU only.
 
-Run: `.venv/bin/python bench/learners.py [--quick] [--shapes S,..] [--full] [--device cuda]
-[--float32-matmul tf32]`. Timings are the
+Run: `.venv/bin/python bench/learners.py [--quick] [--shapes S,..] [--figures 5,6] [--full]
+[--device cuda] [--float32-matmul tf32]`. Timings are the
 best of many calls, interleaved with the baseline's, after warm-up (on a GPU each call waits
 for the device). Each figure is written as a record (`bench/records.py`).
 """
@@ -43,9 +48,21 @@ from torch.func import functional_call, grad
 # the `learners` package; the repository root must come first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.baselines.context_step import (
+    ENCODER,
+    LATENT,
+    POLICY,
+    REACH,
+    ContextShape,
+    context_batch,
+    context_models,
+    context_state,
+    context_step,
+)
 from bench.baselines.meta_step import (
     SHAPES,
     Shape,
+    State,
     autograd_step,
     initial_state,
     meta_batch,
@@ -285,7 +302,7 @@ def bench_sinusoid_full(iterations: int = 70_000) -> None:
 
 
 # Calls timed and warm-up calls per shape: a large-shape step takes most of a second on CPU.
-_CALLS = {"sinusoid": (100, 5), "one-task": (200, 5), "large": (5, 1)}
+_CALLS = {"sinusoid": (100, 5), "one-task": (200, 5), "large": (5, 1), "reach-v3": (60, 5)}
 _GPU_CALLS = (300, 20)  # every shape's step takes milliseconds on a GPU
 _COMPILED_TARGET_S = 1.5e-3  # on a GPU, sinusoid and large shapes
 
@@ -447,6 +464,112 @@ def bench_meta_step(device: torch.device, mode: str, shapes: list[str], matmul: 
             _meta_step_case(shape, device, mode, matmul)
 
 
+_CONTEXT_CALLS = (60, 5)
+
+
+def _hand_context_state(learner: MetaLearner, shape: ContextShape) -> State:
+    """The hand-written step's state holding the learner's initial parameters (its own
+    names: plain `nn.Sequential` indices, the policy's latent as the prior)."""
+    encoder, policy = context_models(shape, torch.device("meta"))
+    names = set(context_state(encoder, policy, shape.latent_dim)[0])
+    meta = learner.meta_params
+    found = {ENCODER + k.removeprefix("layers."): v for k, v in meta["encoder"].items()}
+    for name, value in meta["default_policy"].items():
+        found[LATENT if name == LATENT else POLICY + name.removeprefix("network.layers.")] = value
+    assert set(found) == names, (sorted(found), sorted(names))
+    params = {k: v.detach().clone() for k, v in found.items()}
+    zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+    return params, zeros, {k: z.clone() for k, z in zeros.items()}, torch.zeros(())
+
+
+def bench_context_step(shape: ContextShape, mode: str) -> None:
+    """6. The context learner's `MetaLearner.step` against the hand-written encoder +
+    conditioned-policy step (`bench/baselines/context_step.py`), eager and compiled."""
+    print(f"6. context learner's step vs a hand-written encoder + policy step ({shape.name})")
+    batch = context_batch(shape, torch.device("cpu"))
+    eager = MetaLearner(shape.config())
+    compiled = MetaLearner({**shape.config(), "compile": mode})
+    encoder, policy = context_models(shape, torch.device("cpu"))
+    hand = context_step(encoder, policy)
+    hand_compiled = torch.compile(hand, mode=mode, fullgraph=True, dynamic=False)
+    # The same computation: one step from the same parameters gives the same parameters.
+    check = MetaLearner(shape.config())
+    stepped = hand(_hand_context_state(check, shape), batch)[0]
+    check.step(batch)
+    expected = _hand_context_state(check, shape)[0]
+    worst = max((stepped[k] - expected[k]).abs().max().item() for k in expected)
+    assert worst < 1e-5, f"the hand-written context step differs from the learner's by {worst}"
+    runners = {
+        "hand": _hand_runner(hand, [_hand_context_state(eager, shape)], batch, False),
+        "hand compiled": _hand_runner(
+            hand_compiled, [_hand_context_state(eager, shape)], batch, False
+        ),
+    }
+    compiled.step(batch)
+    learner_compile = compiled.compiled_step.compile_seconds
+    started = time.perf_counter()
+    runners["hand compiled"]()
+    hand_compile = time.perf_counter() - started
+    if compiled.compiled_step.fallback is not None:
+        print(f"   the compiled learner fell back to eager: {compiled.compiled_step.fallback}")
+    calls, warmup = _CONTEXT_CALLS
+    times = _best_times(
+        {
+            "eager": lambda: eager.step(batch),
+            "eager unread": lambda: eager.step(batch, support_loss_after=False),
+            "compiled": lambda: compiled.step(batch),
+            **runners,
+        },
+        calls,
+        warmup=warmup,
+    )
+    ms = {name: seconds * 1e3 for name, seconds in times.items()}
+    eager_ratio = times["eager unread"] / times["hand"]
+    compiled_ratio = times["compiled"] / times["hand compiled"]
+    print(
+        f"   {shape.tasks} tasks x K={shape.support}, Q={shape.query}, encoder "
+        f"{shape.record()['encoder']}, policy {shape.record()['policy']}: eager "
+        f"{ms['eager unread']:.3g} ms vs hand {ms['hand']:.3g} ms = {eager_ratio:.2f}x "
+        f"(measuring support_loss_after too: {ms['eager']:.3g} ms); compiled "
+        f"{ms['compiled']:.3g} ms vs hand compiled {ms['hand compiled']:.3g} ms = "
+        f"{compiled_ratio:.2f}x; compile {learner_compile:.0f} s vs hand {hand_compile:.0f} s "
+        f"(same parameters after one step: max difference {worst:.1e})"
+    )
+    measured = {**shape.record(), "calls": calls, "mode": mode}
+    write_record(
+        "learners",
+        f"6-context-step-eager-{shape.name}",
+        "MetaLearner.step (algorithm context) eager, support_loss_after not read, s per step "
+        "(best of the calls)",
+        times["eager unread"],
+        "s",
+        baseline=Baseline(
+            "hand-written encoder + conditioned-policy step (grad of vmap, functional Adam), s",
+            times["hand"],
+        ),
+        details={"with_support_loss_after_s": times["eager"], "max_param_difference": worst},
+        shape=measured,
+    )
+    write_record(
+        "learners",
+        f"6-context-step-compiled-{shape.name}",
+        f"MetaLearner.step (algorithm context) compiled (compile {mode!r}), s per step "
+        "(best of the calls)",
+        times["compiled"],
+        "s",
+        baseline=Baseline(
+            "hand-written encoder + conditioned-policy step compiled whole, s",
+            times["hand compiled"],
+        ),
+        details={
+            "fallback": compiled.compiled_step.fallback,
+            "compile_s": learner_compile,
+            "hand_compile_s": hand_compile,
+        },
+        shape=measured,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="also run the 70k sinusoid run")
@@ -466,6 +589,11 @@ def main(argv: list[str] | None = None) -> int:
         help="5: MetaConfig.float32_matmul of the learners, and the hand-written steps' setting",
     )
     parser.add_argument(
+        "--figures",
+        default="1,2,3,5,6",
+        help="the figures to run, comma-separated (default: 1,2,3,5,6; 4 is --full)",
+    )
+    parser.add_argument(
         "--mode", default=None, help="torch.compile mode of 5 (default: reduce-overhead on cuda)"
     )
     args = parser.parse_args(argv)
@@ -480,11 +608,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(shapes) - {shape.name for shape in SHAPES})
     if unknown:
         parser.error(f"--shapes: unknown {unknown}; choose from {[s.name for s in SHAPES]}")
+    figures = set(args.figures.split(","))
     if device.type == "cpu":
-        bench_update_overhead()
-        bench_vmap_vs_loop()
-        bench_saved_memory()
-    bench_meta_step(device, mode, shapes, args.float32_matmul)
+        for figure, bench in (
+            ("1", bench_update_overhead),
+            ("2", bench_vmap_vs_loop),
+            ("3", bench_saved_memory),
+        ):
+            if figure in figures:
+                bench()
+    if "5" in figures:
+        bench_meta_step(device, mode, shapes, args.float32_matmul)
+    if "6" in figures and device.type == "cpu":
+        bench_context_step(REACH, mode)
     if args.full:
         bench_sinusoid_full()
     return 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -97,6 +97,10 @@ class EpisodesWhereConfig(BaseModel):
     )
 
 
+NormalizedColumn = Literal["obs", "rewards", "returns"]
+"""What ``data.normalize`` may name (docs/normalization.md)."""
+
+
 class DataConfig(BaseModel):
     """Where the episodes are. Paths are relative to the working directory of the run."""
 
@@ -136,13 +140,24 @@ class DataConfig(BaseModel):
         "held-out evaluation separately, applied while reading and recorded in lineage "
         "(see docs/selection.md).",
     )
-    normalize: list[Literal["obs"]] = Field(
+    normalize: list[NormalizedColumn] = Field(
         default_factory=list,
-        description="Inputs standardised per feature with the training data's mean and std "
-        "(gathered by the value checks: data.check_values full or sample): obs. Stored with "
-        "the learner (learners.modules.*.input_stats), so every consumer passes raw "
-        "observations (see docs/normalization.md).",
+        description="Columns standardised per feature, (x - mean) / std, with the training "
+        "data's statistics (gathered by the value checks: data.check_values full or sample): "
+        "obs (new_obs with the same statistics), rewards, returns. Stored with the learner "
+        "(learners.modules.*.input_stats, learners.column_stats), so every consumer passes "
+        "raw observations and rewards (see docs/normalization.md).",
     )
+
+    @field_validator("normalize", mode="before")
+    @classmethod
+    def _known_columns(cls, value: Any) -> Any:
+        allowed = list(get_args(NormalizedColumn))
+        for name in value if isinstance(value, list) else ():
+            if name not in allowed:
+                raise ValueError(f"got {name!r}; expected some of {allowed}")
+        return value
+
     validation_memory_mb: float = Field(
         VALIDATION_MEMORY_MB,
         gt=0,

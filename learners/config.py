@@ -14,7 +14,7 @@ from learners.algorithms.catalog import algorithm_for, registered_algorithms, re
 from learners.algorithms.context_config import ContextConfig
 from learners.algorithms.macaw_config import MacawConfig
 from learners.algorithms.registry import ConfigView
-from learners.models.spec import DEFAULT_MODULE_ID, ModelConfig, ModuleSpec
+from learners.models.spec import DEFAULT_MODULE_ID, InputStats, ModelConfig, ModuleSpec
 
 __all__ = [
     "DEFAULT_MODULE_ID",
@@ -148,6 +148,9 @@ class OuterConfig(BaseModel):
         return lrs
 
 
+StandardizedColumn = Literal["rewards", "returns"]
+"""The batch columns `MetaConfig.column_stats` may standardise."""
+
 AlgorithmName = Literal[registered_names()]  # type: ignore[valid-type]
 """Every name the registry holds (`learners.algorithms.catalog`)."""
 
@@ -183,6 +186,16 @@ class MetaConfig(BaseModel):
     context: ContextConfig | None = Field(
         None, description="The context learner's settings (algorithm context; defaults filled in)."
     )
+    column_stats: dict[StandardizedColumn, InputStats] = Field(
+        default_factory=dict,
+        description=(
+            "Batch columns standardised, (x - mean) / std, wherever a batch enters the "
+            "learner (every meta-step, evaluation and adapt, before any loss or encoder "
+            "reads them): rewards and returns, one feature each. A run sets them from "
+            "data.normalize's statistics of the training data; observations are the "
+            "modules' own (input_stats). Empty: the columns as given."
+        ),
+    )
     vectorize: Literal["vmap", "loop"] = Field(
         "vmap", description="vmap over the task dimension (fast) or a per-task loop (fallback)."
     )
@@ -207,6 +220,17 @@ class MetaConfig(BaseModel):
             "cannot compile logs why and runs eager. Not part of what a saved state must match."
         ),
     )
+
+    @field_validator("column_stats")
+    @classmethod
+    def _one_feature(cls, stats: dict[str, InputStats]) -> dict[str, InputStats]:
+        for column, found in stats.items():
+            if len(found.mean) != 1:
+                raise ValueError(
+                    f"column_stats.{column} hold {len(found.mean)} features; expected one "
+                    f"(a {column} value is one number)"
+                )
+        return stats
 
     @field_validator("modules")
     @classmethod
@@ -275,6 +299,12 @@ class MetaConfig(BaseModel):
         """The modules whose input is one observation of the data (the algorithm's choice:
         an encoder of whole transitions is not one)."""
         return algorithm_for(self.algorithm).observing_modules(self)
+
+    @property
+    def composed_inputs(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """The modules whose first input is batch columns concatenated, each with its
+        `(column, width)` parts (the algorithm's choice: an encoder of transitions)."""
+        return algorithm_for(self.algorithm).composed_inputs(self)
 
     @property
     def sample_columns(self) -> tuple[str, ...]:

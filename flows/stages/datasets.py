@@ -114,6 +114,7 @@ def _read_options(cfg: MetaTrainConfig, split: str) -> dict[str, Any]:
         "validation_memory_mb": cfg.data.validation_memory_mb,
         "episodes_where": episode_filter(cfg, split),
         "normalize": tuple(cfg.data.normalize) if split == "train" else (),
+        "gamma": cfg.data.gamma,
     }
 
 

@@ -50,7 +50,8 @@ class Context:
         # which flows/config.py must not import.
         from learners.algorithms.context_phase import context_phases
 
-        return context_phases(config.context, build)
+        policy = config.modules[config.context.policy]
+        return context_phases(config.context, build, policy.input_stats)
 
     def rollout_module(self, config: Any) -> str:
         return config.context.policy
@@ -58,6 +59,15 @@ class Context:
     def observing_modules(self, config: Any) -> list[str]:
         context: ContextConfig = config.context
         return [m for m in (context.policy, context.value) if m is not None]
+
+    def composed_inputs(self, config: Any) -> dict[str, tuple[tuple[str, int], ...]]:
+        context: ContextConfig = config.context
+        policy = config.modules[context.policy]
+        sizes = {"obs": policy.obs_dim, "new_obs": policy.obs_dim, "actions": policy.action_dim}
+        inputs = {context.encoder: tuple((name, sizes.get(name, 1)) for name in context.fields)}
+        if context.task_model is not None:
+            inputs[context.task_model] = (("obs", policy.obs_dim), ("actions", policy.action_dim))
+        return inputs
 
     def compile_unsupported(self, config: Any) -> str | None:
         return None

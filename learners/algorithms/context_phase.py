@@ -26,6 +26,7 @@ from learners.algorithms.macaw_losses import AdvantageWeightedRegression, value_
 from learners.algorithms.registry import Phase, Phases, RuleBuilders
 from learners.losses import ModuleCall, column, matching
 from learners.models.conditioned import LATENT
+from learners.models.spec import InputStats
 from learners.params import Batch, Params
 
 
@@ -83,16 +84,24 @@ class ContextEncoding:
         return self.objective.compute_losses(params, batch)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TaskModelLoss:
     """`coef` times the squared error of the module's `[reward, next obs]` from
-    `[obs, action]` (and its latent)."""
+    `[obs, action]` (and its latent). With `obs_stats` the next observation is predicted
+    standardised as the policy sees observations (rewards come standardised in the batch
+    when `data.normalize` names them), so no target dwarfs the others."""
 
     coef: float
+    obs_stats: tuple[Tensor, Tensor] | None = None
+    """`(mean, std)` of the observations, float64 on the CPU (moved to the data's device and
+    dtype when used, as `learners.models.factory.Standardize` does)."""
 
     def __call__(self, call: ModuleCall, batch: Mapping[str, Tensor]) -> Tensor:
         obs, actions = column(call, batch, "obs"), column(call, batch, "actions")
         rewards, new_obs = column(call, batch, "rewards"), column(call, batch, "new_obs")
+        if self.obs_stats is not None:
+            mean, std = self.obs_stats
+            new_obs = (new_obs - mean.to(new_obs)) / std.to(new_obs)
         rows = obs.shape[0]
         inputs = torch.cat([obs, actions.reshape(rows, -1).to(obs.dtype)], dim=-1)
         target = torch.cat([rewards.reshape(rows, 1).to(obs.dtype), new_obs], dim=-1)
@@ -100,8 +109,11 @@ class TaskModelLoss:
         return self.coef * (predicted - target).square().mean()
 
 
-def context_phases(context: ContextConfig, build: RuleBuilders) -> Phases:
-    """The encoding phase and the meta-objective `context` describes."""
+def context_phases(
+    context: ContextConfig, build: RuleBuilders, obs_stats: InputStats | None = None
+) -> Phases:
+    """The encoding phase and the meta-objective `context` describes; `obs_stats` are the
+    policy's (`ModuleSpec.input_stats`)."""
     losses = {context.policy: build.loss(context.policy)}
     if context.value is not None:
         losses[context.policy] = AdvantageWeightedRegression(
@@ -114,7 +126,12 @@ def context_phases(context: ContextConfig, build: RuleBuilders) -> Phases:
         )
         losses[context.value] = value_regression_loss
     if context.task_model is not None:
-        losses[context.task_model] = TaskModelLoss(context.task_model_coef)
+        stats = None
+        if obs_stats is not None:
+            stats = tuple(
+                torch.tensor(v, dtype=torch.float64) for v in (obs_stats.mean, obs_stats.std)
+            )
+        losses[context.task_model] = TaskModelLoss(context.task_model_coef, stats)
     objective = build.learner(losses)
     conditioned = tuple(m for m in context.roles().values() if m != context.encoder)
     encoding = ContextEncoding(context.encoder, conditioned, context.fields, build.call, objective)

@@ -72,6 +72,9 @@ class Macaw:
     def observing_modules(self, config: Any) -> list[str]:
         return list(config.modules)
 
+    def composed_inputs(self, config: Any) -> dict[str, tuple[tuple[str, int], ...]]:
+        return {}
+
     def compile_unsupported(self, config: Any) -> str | None:
         # Not yet verified against eager: its phases compiled for minutes and drifted beyond
         # float64 rounding from the eager step.

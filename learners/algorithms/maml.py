@@ -70,6 +70,9 @@ class MamlVariant:
     def observing_modules(self, config: Any) -> list[str]:
         return list(config.modules)
 
+    def composed_inputs(self, config: Any) -> dict[str, tuple[tuple[str, int], ...]]:
+        return {}
+
     def compile_unsupported(self, config: Any) -> str | None:
         return None
 

@@ -135,6 +135,13 @@ class Algorithm(Protocol):
         others read something the algorithm builds (an encoder reads whole transitions)."""
         ...
 
+    def composed_inputs(self, config: Any) -> dict[str, tuple[tuple[str, int], ...]]:
+        """The modules whose first input is batch columns concatenated (an encoder of
+        transitions), each with its `(column, width)` parts in order: `data.normalize`
+        standardises each part as its column (observations and next observations with the
+        observations' statistics)."""
+        ...
+
     def compile_unsupported(self, config: Any) -> str | None:
         """Why the compiled meta-step cannot run this configuration (None: it can)."""
         ...

@@ -7,14 +7,16 @@ modules an earlier one adapted. The outer losses (the meta-objective on the quer
 differ from the inner ones. Which phases and losses is the algorithm's (`learners.algorithms`,
 asked through its registry); this module only runs them.
 
-Modules with a `data_module` read that module's rows: `expand` copies them in before any loss
-sees the batch.
+Every batch enters the learner through `expand` (meta-steps eager and compiled, evaluation,
+`adapt`): modules with a `data_module` get that module's rows, and the columns of
+`MetaConfig.column_stats` (rewards, returns) are standardised, before any loss or encoder
+sees the batch. So a consumer's support set, like the training data, is given raw.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
@@ -36,14 +38,26 @@ class InnerRule:
     """Only its losses are used: the meta-objective on the query set, per module."""
     data_module: dict[str, str]
     """Module -> the module whose rows it reads, for the modules that read another's."""
+    column_stats: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Column -> (mean, std) it is standardised with."""
 
     def expand(self, batch: Batch) -> dict[str, Mapping[str, Tensor]]:
-        """`batch` with every reading module given its data module's columns."""
-        expanded = dict(batch)
+        """`batch` with its `column_stats` columns standardised and every reading module
+        given its data module's columns."""
+        expanded = {m: self._standardized(columns) for m, columns in batch.items()}
         for module_id, source in self.data_module.items():
             if source in batch:
-                expanded[module_id] = batch[source]
+                expanded[module_id] = expanded[source]
         return expanded
+
+    def _standardized(self, columns: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+        if not any(name in columns for name in self.column_stats):
+            return columns
+        scaled = dict(columns)
+        for name, (mean, std) in self.column_stats.items():
+            if name in scaled:
+                scaled[name] = (scaled[name] - mean) / std
+        return scaled
 
     def adapt(
         self,
@@ -108,4 +122,5 @@ def build_inner_rule(
 
     builders = RuleBuilders(learner=learner, call=call, loss=loss)
     phases = algorithm_for(config.algorithm).phases(config, builders)
-    return InnerRule(phases.inner, phases.outer, data_module)
+    column_stats = {c: (stats.mean[0], stats.std[0]) for c, stats in config.column_stats.items()}
+    return InnerRule(phases.inner, phases.outer, data_module, column_stats)

@@ -134,7 +134,8 @@ class ModelConfig(BaseModel):
 
 
 class InputStats(BaseModel):
-    """Per-feature statistics a module's observations are standardised with."""
+    """Per-feature statistics a module's observations (or a batch column, `MetaConfig.
+    column_stats`) are standardised with: `(x - mean) / std`."""
 
     model_config = _STRICT
 

@@ -29,7 +29,8 @@ the files read scanned again, as ``full`` would have, for the message validation
 After ``full`` the reads check nothing (``ValueFacts.every_row``).
 
 The same pass gathers the statistics ``data.normalize`` asks for (``normalize``: float
-columns, per feature; ``pipeline.contract.feature_stats``) over the rows it reads: every row
+columns, per feature, and ``returns``, the return-to-go of the rewards read, episode by
+episode; ``pipeline.contract.feature_stats``) over the rows it reads: every row
 with ``full``, the sampled row groups' with ``sample``; with ``kept_episodes`` (the ids an
 ``episodes_where`` selection keeps) only those episodes' rows count.
 """
@@ -46,9 +47,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.contract.dataset_json import Space
-from pipeline.contract.feature_stats import FeatureStats, StatsAccumulator
+from pipeline.contract.feature_stats import FeatureStats, ReturnsAccumulator, StatsAccumulator
 from pipeline.contract.footer_checks import FileFacts, column_label
+from pipeline.contract.returns_to_go import RETURNS_COLUMN as RETURNS
 from pipeline.contract.schema import CheckValues, DatasetError, EpisodeSchema
+from pipeline.io.arrow_columns import decoded
 from pipeline.io.dataset_source import METADATA_FILE, ResolvedSource
 from pipeline.io.parquet_files import leaf_index
 
@@ -123,23 +126,27 @@ def check_value_columns(
     check: CheckValues = "full",
     normalize: Sequence[str] = (),
     kept_episodes: pa.Array | None = None,
+    gamma: float = 0.99,
 ) -> ValueFacts:
     """Refuse non-finite floats and out-of-range discrete actions (see module doc), and
-    gather the statistics of the float columns ``normalize`` names.
+    gather the statistics of the float columns ``normalize`` names, and of ``returns``
+    (the return-to-go at discount ``gamma``, from the rewards read) when it names that.
 
     Raises ``DatasetError`` naming the file, the column, the number of offending rows and
     the first one (``eps_id``, ``t``).
     """
     rules = _rules(schema, action_space, f"{resolved.root.rstrip('/')}/{METADATA_FILE}")
-    unread = [c for c in normalize if c not in rules.floats]
+    unread = [c for c in normalize if c not in (*rules.floats, RETURNS)]
     if unread or (normalize and check == "off"):
         raise DatasetError(
             f"normalize {list(normalize)}: statistics come from the float columns the value "
-            f"checks scan ({', '.join(rules.floats)}; uint8 images are not standardised) with "
-            f"check_values full or sample, got check_values {check}; expected float columns "
-            "and check_values full or sample"
+            f"checks scan ({', '.join(rules.floats)}; uint8 images are not standardised) and "
+            f"returns, with check_values full or sample, got check_values {check}; expected "
+            "those columns and check_values full or sample"
         )
-    stats = _Stats({c: StatsAccumulator() for c in normalize}, kept_episodes)
+    columns = {c: StatsAccumulator() for c in normalize if c != RETURNS}
+    returns = ReturnsAccumulator(gamma) if RETURNS in normalize else None
+    stats = _Stats(columns, kept_episodes, returns)
     if check == "off":
         return ValueFacts("off", 0, discrete_n=rules.discrete_n, space_file=rules.space_file)
     checked, outside, first_outside = 0, 0, ""
@@ -174,7 +181,7 @@ def check_value_columns(
         warning,
         rules.discrete_n,
         rules.space_file,
-        {column: running.result() for column, running in stats.columns.items()},
+        stats.results(),
     )
 
 
@@ -242,6 +249,17 @@ class _Stats:
 
     columns: dict[str, StatsAccumulator]
     kept_episodes: pa.Array | None = None
+    returns: ReturnsAccumulator | None = None
+
+    @property
+    def any(self) -> bool:
+        return bool(self.columns) or self.returns is not None
+
+    def results(self) -> dict[str, FeatureStats]:
+        found = {column: running.result() for column, running in self.columns.items()}
+        if self.returns is not None:
+            found[RETURNS] = self.returns.result()
+        return found
 
 
 @dataclass(frozen=True)
@@ -311,6 +329,8 @@ def _scan(
             if stats is not None and column in stats.columns:
                 rows = flat.reshape(-1, width)
                 stats.columns[column].add(rows if kept is None else rows[kept])
+            if stats is not None and stats.returns is not None and column == "rewards":
+                _add_returns(footer, group, schema, flat, kept, stats.returns)
             if column == "actions" and rules.discrete:
                 outside_space = flat < 0
                 if rules.discrete_n is not None:
@@ -327,11 +347,38 @@ def _kept_rows(
     footer: pq.ParquetFile, group: int, schema: EpisodeSchema, stats: _Stats | None
 ) -> np.ndarray | None:
     """Which rows of a row group belong to the episodes kept (``None``: all of them)."""
-    if stats is None or not stats.columns or stats.kept_episodes is None:
+    if stats is None or not stats.any or stats.kept_episodes is None:
         return None
     name = schema.column_map.get("eps_id", "eps_id")
     ids = footer.read_row_group(group, columns=[name]).column(0)
     return pc.is_in(ids, value_set=stats.kept_episodes).to_numpy(zero_copy_only=False)
+
+
+def _add_returns(
+    footer: pq.ParquetFile,
+    group: int,
+    schema: EpisodeSchema,
+    rewards: np.ndarray,
+    kept: np.ndarray | None,
+    returns: ReturnsAccumulator,
+) -> None:
+    """The rows of a row group into ``returns``, each episode keyed by ``(module_id,
+    eps_id)`` (agents of one recording may share episode ids)."""
+    names = ["eps_id", "t", "terminateds", "truncateds"]
+    names += ["module_id"] if schema.has_module_id else []
+    table = footer.read_row_group(group, columns=[schema.column_map.get(c, c) for c in names])
+    columns = dict(zip(names, (decoded(c.combine_chunks()) for c in table.columns), strict=True))
+    episodes = columns["eps_id"].cast(pa.string())
+    if schema.has_module_id:
+        episodes = pc.binary_join_element_wise(columns["module_id"], episodes, "\x1f")
+    ends = pc.or_(columns["terminateds"], columns["truncateds"])
+    found = [
+        episodes.to_numpy(zero_copy_only=False),
+        columns["t"].to_numpy(),
+        rewards.astype(np.float64),
+        ends.to_numpy(zero_copy_only=False),
+    ]
+    returns.add(*(values if kept is None else values[kept] for values in found))
 
 
 def _value_columns(rules: _Rules) -> list[str]:

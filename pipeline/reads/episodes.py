@@ -125,6 +125,7 @@ def inspect_episodes(
     validation_memory_mb: float = VALIDATION_MEMORY_MB,
     episodes_where: EpisodeFilter | None = None,
     normalize: Sequence[str] = (),
+    gamma: float = 0.99,
 ) -> DatasetInfo:
     """Validate a dataset and describe it, reading footers, id columns, value columns and
     file bytes.
@@ -142,7 +143,8 @@ def inspect_episodes(
     (``pipeline.contract.id_checks``). ``episodes_where`` selects episodes by their
     columns (``pipeline.reads.selection``): ``selection`` says which, and every read keeps
     only their rows. ``normalize`` names float columns whose per-feature statistics the
-    value checks gather on the way (``values.stats``; over the episodes kept).
+    value checks gather on the way (``values.stats``; over the episodes kept), and
+    ``returns``, the return-to-go at discount ``gamma`` of the rewards they read.
     """
     mapping = check_column_map(column_map)
     resolved = resolve_source(source, filesystem)
@@ -169,7 +171,7 @@ def inspect_episodes(
         selection = select_episodes(resolved, facts[0].types, schema, episodes_where)
     kept = None if selection is None else selection.kept
     values = check_value_columns(
-        resolved, facts, schema, action_space, check_values, normalize, kept
+        resolved, facts, schema, action_space, check_values, normalize, kept, gamma
     )
     fingerprint, sizes = _fingerprint(resolved, metadata_bytes)
     return DatasetInfo(
@@ -201,6 +203,7 @@ def read_episodes(
     validation_memory_mb: float = VALIDATION_MEMORY_MB,
     episodes_where: EpisodeFilter | None = None,
     normalize: Sequence[str] = (),
+    gamma: float = 0.99,
     validated: DatasetInfo | None = None,
 ) -> Episodes:
     """Validate a dataset (see ``inspect_episodes``), then read it with Ray Data.
@@ -225,6 +228,7 @@ def read_episodes(
         validation_memory_mb=validation_memory_mb,
         episodes_where=episodes_where,
         normalize=normalize,
+        gamma=gamma,
     )
     dataset = read_grouped(info.files, info.file_sizes, info.file_rows, info.filesystem)
     fields = {name: getattr(info, name) for name in DatasetInfo.__dataclass_fields__}
