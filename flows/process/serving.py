@@ -10,8 +10,9 @@ the same (Prefect's ``flow.serve`` ends on a KeyboardInterrupt instead, without 
 first signal is remembered for the exit status and the line, and later ones are ignored, so that
 a second Ctrl-C cannot cut short the recording of the first. In the child, the stage in progress
 ends as ``RunInterrupted`` within a second of the SIGTERM (the flow engine's SIGTERM handler
-survives ``ray.init``: ``flows.process.runtime``), so that the runner's first look finds it
-ended.
+survives ``ray.init``: ``flows.process.runtime``), and once the flow run's end is recorded the
+process leaves without the interpreter's teardown (``flows.process.signals.ending_served_run``),
+so that one of the runner's first looks finds it gone.
 
 ``serve`` returns the exit status: 130 or 143 after a signal, with one line per interrupted run
 naming the flow run, the state it was recorded in and the ``offmeta run --resume`` command that
@@ -24,6 +25,7 @@ Checked against Prefect 3.9.1 (``Runner.handle_sigterm``, ``Runner.astop``,
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import signal
 import sys
@@ -43,6 +45,7 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.runner import Runner
 
 from flows.config import MetaTrainConfig
+from flows.process.signals import SERVED_RUN_PROCESS
 from flows.runs.run_dirs import RunRecord, list_runs
 from flows.stages.mirroring import backfill_command
 
@@ -116,6 +119,7 @@ def serve(
         f"{label}",
     )
     previous = {s: signal.signal(s, runner.handle_sigterm) for s in (signal.SIGINT, signal.SIGTERM)}
+    os.environ[SERVED_RUN_PROCESS] = "1"  # inherited by the runner's flow-run processes
     try:
         runner.deployment_id = runner.add_flow(flow, name=name, **deployment)
         # Runner.start installs runner.handle_sigterm for SIGTERM again, on the main thread;
@@ -129,6 +133,7 @@ def serve(
         )
         return 128 + stop.signum
     finally:
+        del os.environ[SERVED_RUN_PROCESS]
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if runner.signum is None:
