@@ -119,9 +119,22 @@ def interruptible(
         signum = signal_number(error)
         if signum is None or (isinstance(error, RunInterrupted) and error.stage != STARTING):
             raise
+        _served_run_ignores_later_signals()
         raise RunInterrupted(
             signum, stage, run_dir=run_dir, published=published, backfill=backfill
         ) from None
+
+
+def _served_run_ignores_later_signals() -> None:
+    """In a flow-run process of ``offmeta serve`` (``SERVED_RUN_PROCESS``), the first signal
+    ends the run and later ones are ignored: a Ctrl-C reaches the whole process group, and the
+    runner, signalled too, then SIGTERMs the run as well, which would cut short Ray's shutdown or
+    the recording of the first signal's end."""
+    if os.environ.get(SERVED_RUN_PROCESS) != "1":
+        return
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

@@ -1,11 +1,12 @@
 """SIGTERM or SIGINT ends ``offmeta serve`` within seconds, whether a run is in progress or not.
 
 ``offmeta serve`` registers its cron deployment on the test's Prefect server; a run of it is
-triggered (the cron would fire at 3 am) and signalled once it trains. The serving process
-exits 143 (SIGTERM) or 130 (SIGINT) within 10 s with one line naming the interrupted flow run
-and the ``offmeta run --resume`` command for its run directory; the flow run is CANCELLED or
-CRASHED on the server, the run directory keeps its checkpoints and passes ``--resume``'s
-checks, and nothing is published."""
+triggered (the cron would fire at 3 am) and signalled once it trains: SIGTERM to the serving
+process (``kill``, ``docker stop``), SIGINT to its process group (a Ctrl-C, which reaches the
+run's own process too). The serving process exits 143 (SIGTERM) or 130 (SIGINT) within 10 s
+with one line naming the interrupted flow run and the ``offmeta run --resume`` command for its
+run directory; the flow run is CANCELLED or CRASHED on the server, the run directory keeps its
+checkpoints and passes ``--resume``'s checks, and nothing is published."""
 
 from __future__ import annotations
 
@@ -85,11 +86,17 @@ class Output:
         return "\n".join(self.seen)
 
 
-def _ends(process: subprocess.Popen, output: Output, signum: int, log: Path) -> int:
-    """Send ``signum`` to the serving process alone (as ``kill``, ``docker stop`` do) and return
-    its exit status; ``log`` keeps its output and how long it took to end."""
+def _ends(
+    process: subprocess.Popen, output: Output, signum: int, log: Path, *, group: bool = False
+) -> int:
+    """Send ``signum`` to the serving process alone (as ``kill``, ``docker stop`` do) or, with
+    ``group``, to its process group (as a Ctrl-C does), and return its exit status; ``log``
+    keeps its output and how long it took to end."""
     sent = time.monotonic()
-    process.send_signal(signum)
+    if group:
+        os.killpg(process.pid, signum)
+    else:
+        process.send_signal(signum)
     try:
         status = process.wait(timeout=ENDS_WITHIN_S)
     except subprocess.TimeoutExpired:
@@ -126,7 +133,14 @@ def _serving(output: Output, name: str) -> None:
     )
 
 
-def test_sigterm_ends_the_served_run_in_progress_resumable(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "group"),
+    [(signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["sigterm-to-serve", "ctrl-c-to-the-group"],
+)
+def test_a_signal_ends_the_served_run_in_progress_resumable(
+    tmp_path: Path, signum: int, group: bool
+) -> None:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
@@ -145,17 +159,18 @@ def test_sigterm_ends_the_served_run_in_progress_resumable(tmp_path: Path) -> No
         output.wait_for(
             re.compile(r"iteration 40/100000 "), TRAINS_WITHIN_S, "the served run at iteration 40"
         )
-        status = _ends(process, output, signal.SIGTERM, tmp_path / "serve.log")
+        status = _ends(process, output, signum, tmp_path / "serve.log", group=group)
     finally:
         reap(process)
-    assert status == 143, output.text
+    assert status == 128 + signum, output.text
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run.id).state.type.value
     assert state in {"CANCELLED", "CRASHED"}, output.text
     run_dir = tmp_path / "runs" / str(flow_run.id)
+    signame = signal.Signals(signum).name
     assert output.seen[-1] == (
-        f"offmeta serve: interrupted by SIGTERM: flow run {flow_run.name!r} ({flow_run.id}) of "
-        f"meta-train/signalled, recorded {state}: the run directory {run_dir} keeps its last "
+        f"offmeta serve: interrupted by {signame}: flow run {flow_run.name!r} ({flow_run.id}) "
+        f"of meta-train/signalled, recorded {state}: the run directory {run_dir} keeps its last "
         f"checkpoint; continue it with: offmeta run --config {config} --resume {run_dir}"
     ), output.text
     assert read_run(run_dir).finished is None
