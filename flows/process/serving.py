@@ -3,16 +3,17 @@ SIGTERM, which end it within seconds: ``serve``, ``ServeInterrupted``.
 
 Prefect 3.9's ``Runner`` (``flow.serve`` builds one) runs each flow run in a child process
 (``multiprocessing`` spawn) and answers SIGTERM itself (``Runner.handle_sigterm``, installed by
-``Runner.start``): it stops polling, and for each run in progress it sends its cancel intent over
-its control channel, SIGTERMs the child, looks every 3 s whether it has ended (SIGKILL after
-30 s), records the flow run CANCELLED and pauses the deployment's schedule. Here SIGINT means
-the same (Prefect's ``flow.serve`` ends on a KeyboardInterrupt instead, without cancelling), the
-first signal is remembered for the exit status and the line, and later ones are ignored, so that
-a second Ctrl-C cannot cut short the recording of the first. In the child, the stage in progress
-ends as ``RunInterrupted`` within a second of the SIGTERM (the flow engine's SIGTERM handler
-survives ``ray.init``: ``flows.process.runtime``), and once the flow run's end is recorded the
-process leaves without the interpreter's teardown (``flows.process.signals.ending_served_run``),
-so that one of the runner's first looks finds it gone.
+``Runner.start``): it stops polling, and for each run in progress it sends its cancel intent
+over its control channel, SIGTERMs the child, looks every 3 s whether it has ended (SIGKILL
+after 30 s), records the flow run CANCELLED and pauses the deployment's schedule. Here SIGINT
+means the same (under ``flow.serve`` it ends asyncio's run of the runner, and no run is recorded
+CANCELLED), the first signal is remembered for the exit status and the line, and later ones are
+ignored, so that a second Ctrl-C cannot cut short the recording of the first. In the child, the
+stage in progress ends as ``RunInterrupted`` within a second of the SIGTERM (the flow engine's
+SIGTERM handler survives ``ray.init``: ``flows.process.runtime``), and once the flow run's end
+is recorded the process leaves without the interpreter's teardown
+(``flows.process.signals.ending_served_run``), so that one of the runner's first looks finds it
+gone.
 
 ``serve`` returns the exit status: 130 or 143 after a signal, with one line per interrupted run
 naming the flow run, the state it was recorded in and the ``offmeta run --resume`` command that
