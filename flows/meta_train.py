@@ -19,7 +19,9 @@ session, the run directory (``flows.runs.run_dirs``) and decides retries:
 - what ``flows.runs.retry_policy`` calls permanent (bad input, non-finite arithmetic) fails at
   once, since retrying would fail the same way;
 - a SIGINT or SIGTERM stops the stage in progress as ``flows.process.signals.RunInterrupted``
-  naming the stage and the run directory to resume (Prefect records the runs CRASHED).
+  naming the stage and the run directory to resume (Prefect records the runs CRASHED); in a
+  flow-run process of ``offmeta serve`` the process then leaves without the interpreter's
+  teardown, which its runner would wait for.
 
 ``meta_train_from_file`` reads the config from a YAML file at run time, for work-pool
 deployments (``prefect.yaml``) that point at a checked-in config.
@@ -42,7 +44,7 @@ from prefect.states import State
 from flows.config import MetaTrainConfig, load_config
 from flows.evaluation.heldout import EvaluationReport, evaluate
 from flows.process.runtime import code_version, ray_session, torch_threads
-from flows.process.signals import interruptible
+from flows.process.signals import ending_served_run, interruptible
 from flows.runs.crashed import mark_crashed
 from flows.runs.retention import prune_runs
 from flows.runs.retry_policy import is_permanent
@@ -181,7 +183,7 @@ def meta_train(cfg: MetaTrainConfig, resume: str | None = None) -> RunSummary:
     its last checkpoint (``offmeta run --resume`` finds it); None starts a new run.
     """
     timings = StageTimes()
-    with ray_session(cfg.ray), torch_threads(cfg.training.torch_threads):
+    with ending_served_run(), ray_session(cfg.ray), torch_threads(cfg.training.torch_threads):
         # Before any read: on several nodes a local path fails late, on the other nodes.
         with interruptible("validate", run_dir=resume):
             check_reachable(cfg, alive_nodes())

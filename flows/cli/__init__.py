@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import atexit
 import importlib
-import logging
-import os
 import sys
 from collections.abc import Sequence
+
+from flows.process.signals import leave_without_teardown
 
 _GROUPS = ("data", "artifacts", "run")
 """Modules of this package; each registers its commands."""
@@ -75,12 +75,8 @@ def run() -> None:
 
 
 def _leave(status: list[int]) -> None:
-    if not status:
-        return
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status[0])
+    if status:
+        leave_without_teardown(status[0])
 
 
 if __name__ == "__main__":

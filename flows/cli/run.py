@@ -28,7 +28,6 @@ directory is found and checked before anything starts.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -193,21 +192,19 @@ def _serve(args: argparse.Namespace) -> int:
     from prefect.deployments.runner import EntrypointType
 
     from flows.meta_train import meta_train
+    from flows.process.serving import serve
 
-    # flow.serve stops cleanly on KeyboardInterrupt; make SIGTERM (systemd, docker stop,
-    # a test) mean the same.
-    signal.signal(signal.SIGTERM, _interrupt)
-    name = args.name or cfg.artifacts.name
-    meta_train.serve(
-        name=name,
+    return serve(
+        meta_train,
+        cfg,
+        name=args.name or cfg.artifacts.name,
+        again=_command(args),
         schedules=[schedule] if schedule is not None else None,
         parameters={"cfg": cfg.model_dump(mode="json")},
         description=f"meta-train {cfg.artifacts.name} from {args.config}",
         limit=args.limit,
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    print(f"offmeta serve: stopped serving meta-train/{name}", file=sys.stderr)
-    return 0
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -297,7 +294,3 @@ def _api_answers(command: str, url: str | None) -> bool:
         print(f"offmeta {command}: {error}", file=sys.stderr)
         return False
     return True
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -141,15 +142,39 @@ def _init_ray(config: RayConfig) -> None:
     import ray
 
     quiet = not verbose()
-    ray.init(
-        # "local" starts a fresh instance even if `ray start` left a cluster address behind.
-        address=config.address or "local",
-        num_cpus=config.num_cpus,
-        runtime_env=config.runtime_env,
-        include_dashboard=False,
-        log_to_driver=not quiet,
-        logging_level=logging.WARNING if quiet else logging.INFO,
-    )
+    with _sigterm_handler_kept():
+        ray.init(
+            # "local" starts a fresh instance even if `ray start` left a cluster address behind.
+            address=config.address or "local",
+            num_cpus=config.num_cpus,
+            runtime_env=config.runtime_env,
+            include_dashboard=False,
+            log_to_driver=not quiet,
+            logging_level=logging.WARNING if quiet else logging.INFO,
+        )
+
+
+@contextlib.contextmanager
+def _sigterm_handler_kept() -> Iterator[None]:
+    """Keep the SIGTERM handler of the main thread across the block, if Python code had set
+    one.
+
+    ``ray.init`` on the main thread replaces it with ``sys.exit(15)`` (Ray 2.60). Where the flow
+    runs in a process of Prefect's (``offmeta serve``'s runner, a work-pool worker), the flow
+    engine's handler is there, which turns SIGTERM into ``TerminationSignal``: the stage in
+    progress then ends as ``RunInterrupted`` and the flow run is recorded CRASHED, while
+    ``SystemExit(15)`` would pass every stage as an unexplained exit. Without a handler of
+    Python's (a plain script) Ray's stays, so its exit handlers still stop it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

@@ -19,12 +19,13 @@ def offmeta(
     *extra: str,
     environment: Mapping[str, str] | None = None,
     temporary_prefect: bool = False,
+    command: str = "run",
 ) -> subprocess.Popen:
-    """``offmeta run --config config *extra`` in ``work``, recording on the test's Prefect
-    server (or, with ``temporary_prefect``, on the temporary server the run starts itself), in
-    a process group of its own (so that what it started can be cleaned up after a kill, and a
-    signal can reach the group as a Ctrl-C's does); ``environment`` adds to the process's
-    variables (a cluster's, say)."""
+    """``offmeta COMMAND --config config *extra`` (``run`` or ``serve``) in ``work``, recording
+    on the test's Prefect server (or, with ``temporary_prefect``, on the temporary server the
+    run starts itself), in a process group of its own (so that what it started can be cleaned
+    up after a kill, and a signal can reach the group as a Ctrl-C's does); ``environment`` adds
+    to the process's variables (a cluster's, say)."""
     from prefect.settings import PREFECT_API_URL
 
     env = {
@@ -35,9 +36,9 @@ def offmeta(
     }
     if temporary_prefect:
         del env["PREFECT_API_URL"]
-    command = [str(Path(sys.executable).with_name("offmeta")), "run", "--config", str(config)]
+    executable = str(Path(sys.executable).with_name("offmeta"))
     return subprocess.Popen(
-        [*command, *extra],
+        [executable, command, "--config", str(config), *extra],
         cwd=work,
         env=env,
         stdout=subprocess.PIPE,

@@ -66,3 +66,24 @@ def test_ray_started_on_another_thread_serves_the_main_one_until_the_flow_releas
     # Started off the main thread, ray.init warns that it set no SIGTERM handler: offmeta run
     # sets its own (flows.process.signals), and RayStart drops that warning.
     assert "SIGTERM handler is not set" not in result.stderr
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["python-handler", "default"])
+def test_ray_init_keeps_a_sigterm_handler_of_pythons(installed: bool) -> None:
+    # ray.init on the main thread replaces it with sys.exit; Prefect's flow engine has one.
+    import signal
+
+    from flows.process.runtime import _sigterm_handler_kept
+
+    def engines(signum: int, frame: object) -> None: ...
+
+    def rays(signum: int, frame: object) -> None: ...
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, engines if installed else signal.SIG_DFL)
+        with _sigterm_handler_kept():
+            signal.signal(signal.SIGTERM, rays)
+        assert signal.getsignal(signal.SIGTERM) is (engines if installed else rays)
+    finally:
+        signal.signal(signal.SIGTERM, before)

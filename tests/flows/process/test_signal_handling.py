@@ -4,19 +4,25 @@ says how to go on. The whole runs are in tests/flows/test_signals.py (system tie
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from flows.process.signals import (
+    SERVED_RUN_PROCESS,
     STARTING,
     RunInterrupted,
     ending_on_signals,
     interruptible,
     signal_number,
 )
+from tests.helpers.paths import REPO
 
 AGAIN = ["offmeta", "run", "--config", "my run.yaml", "--set", "training.iterations=8"]
 
@@ -95,3 +101,56 @@ def test_prefects_termination_signal_is_the_signal_it_carries() -> None:
 )
 def test_the_line_says_how_to_go_on(stopped: RunInterrupted, line: str) -> None:
     assert stopped.line(AGAIN) == line
+
+
+@pytest.fixture
+def handlers() -> Iterator[None]:
+    """Whatever a test does to the SIGINT and SIGTERM handlers is undone afterwards."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+@pytest.mark.usefixtures("handlers")
+@pytest.mark.parametrize("served", [True, False], ids=["served", "not-served"])
+def test_a_served_runs_process_ignores_signals_after_the_first(
+    monkeypatch: pytest.MonkeyPatch, served: bool
+) -> None:
+    if served:
+        monkeypatch.setenv(SERVED_RUN_PROCESS, "1")
+    else:
+        monkeypatch.delenv(SERVED_RUN_PROCESS, raising=False)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(RunInterrupted), interruptible("train", run_dir="runs/1"):
+        raise KeyboardInterrupt
+    after = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    assert after == (dict.fromkeys(before, signal.SIG_IGN) if served else before)
+
+
+@pytest.mark.parametrize(("served", "status"), [("1", 143), ("", 0)], ids=["served", "not-served"])
+def test_a_served_runs_process_a_signal_ended_leaves_with_its_status(
+    served: str, status: int
+) -> None:
+    # In a fresh interpreter: the process leaves from an exit handler.
+    code = (
+        "import os, signal\n"
+        f"os.environ['{SERVED_RUN_PROCESS}'] = {served!r}\n"
+        "from flows.process.signals import RunInterrupted, ending_served_run\n"
+        "try:\n"
+        "    with ending_served_run():\n"
+        "        raise RunInterrupted(signal.SIGTERM, 'train')\n"
+        "except RunInterrupted:\n"
+        "    print('ended')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (status, "ended\n"), result.stderr
