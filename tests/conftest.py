@@ -35,6 +35,17 @@ if TYPE_CHECKING:
     from tests.helpers.mlflow_server import MlflowServer
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """File by file, the files using the session's MLflow server in one process
+    (``tests/helpers/scheduling.py``); other ``--dist`` modes as pytest-xdist has them."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests.helpers.scheduling import SharedServerScheduling
+
+    return SharedServerScheduling(config, log)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread() -> Iterator[None]:
     """One intra-op thread: on the 2-core machine, two threads per process (with Ray
