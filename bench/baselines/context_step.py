@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from bench.baselines.meta_step import BETAS, EPS, OUTER_LR, State
+from bench.baselines.meta_step import State, adam_step
 
 ENCODER, POLICY, LATENT = "encoder/", "policy/", "latent"
 
@@ -134,20 +134,4 @@ def context_step(encoder: nn.Module, policy: nn.Module) -> Callable[[State, dict
     def meta_loss(params: dict, support: dict, query: dict) -> Tensor:
         return vmap(task, in_dims=(None, 0, 0))(params, support, query).mean()
 
-    meta_grad = grad(meta_loss)
-
-    def step(state: State, batch: dict) -> State:
-        params, exp_avg, exp_avg_sq, count = state
-        g = meta_grad(params, batch["support"]["default_policy"], batch["query"]["default_policy"])
-        count = count + 1
-        exp_avg = {k: BETAS[0] * exp_avg[k] + (1 - BETAS[0]) * g[k] for k in g}
-        exp_avg_sq = {k: BETAS[1] * exp_avg_sq[k] + (1 - BETAS[1]) * g[k] * g[k] for k in g}
-        correction1, correction2 = 1 - BETAS[0] ** count, 1 - BETAS[1] ** count
-        params = {
-            k: p
-            - OUTER_LR * (exp_avg[k] / correction1) / ((exp_avg_sq[k] / correction2).sqrt() + EPS)
-            for k, p in params.items()
-        }
-        return params, exp_avg, exp_avg_sq, count
-
-    return step
+    return adam_step(grad(meta_loss))

@@ -99,7 +99,13 @@ def torch_func_step(model: nn.Module) -> Callable[[State, dict], State]:
     def meta_loss(params: dict, support: dict, query: dict) -> Tensor:
         return vmap(task, in_dims=(None, 0, 0))(params, support, query).mean()
 
-    meta_grad = grad(meta_loss)
+    return adam_step(grad(meta_loss))
+
+
+def adam_step(meta_grad: Callable[[dict, dict, dict], dict]) -> Callable[[State, dict], State]:
+    """One outer step from ``meta_grad(params, support, query)`` of the policy's meta-batch:
+    Adam written out functionally (lr ``OUTER_LR``, ``BETAS``, ``EPS``: the learner's defaults),
+    so that the whole step is one pure function to compile."""
 
     def step(state: State, batch: dict) -> State:
         params, exp_avg, exp_avg_sq, count = state
