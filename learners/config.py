@@ -14,7 +14,7 @@ from learners.algorithms.catalog import algorithm_for, registered_algorithms, re
 from learners.algorithms.context_config import ContextConfig
 from learners.algorithms.macaw_config import MacawConfig
 from learners.algorithms.registry import ConfigView
-from learners.models.spec import DEFAULT_MODULE_ID, ModelConfig, ModuleSpec
+from learners.models.spec import DEFAULT_MODULE_ID, InputStats, ModelConfig, ModuleSpec
 
 __all__ = [
     "DEFAULT_MODULE_ID",
@@ -275,6 +275,12 @@ class MetaConfig(BaseModel):
         """The modules whose input is one observation of the data (the algorithm's choice:
         an encoder of whole transitions is not one)."""
         return algorithm_for(self.algorithm).observing_modules(self)
+
+    def input_stats(self, obs: InputStats) -> dict[str, InputStats]:
+        """Each module's input statistics given the data's observation statistics (the
+        algorithm's choice: the observing modules take them as they are, an encoder of whole
+        transitions those of its transitions)."""
+        return algorithm_for(self.algorithm).input_stats(self, obs)
 
     @property
     def sample_columns(self) -> tuple[str, ...]:

@@ -22,12 +22,12 @@ def learner_config(cfg: MetaTrainConfig, train: DatasetInfo) -> MetaConfig:
         return config
     found = train.values.stats["obs"]
     stats = InputStats(mean=found.mean, std=found.std)
-    # Only the modules whose input is one observation: a context encoder reads whole
+    # The algorithm says which modules take them, and how: a context encoder reads whole
     # transitions, whose width is not the observation's.
-    observing = config.observing_modules
+    given = config.input_stats(stats)
     modules = {
-        module_id: spec.model_copy(update={"input_stats": stats})
-        if module_id in observing
+        module_id: spec.model_copy(update={"input_stats": given[module_id]})
+        if module_id in given
         else spec
         for module_id, spec in config.modules.items()
     }

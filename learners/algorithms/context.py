@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from learners.algorithms.context_config import ContextConfig, resolve_context
+from learners.algorithms.context_config import ContextConfig, resolve_context, transition_stats
 from learners.algorithms.registry import (
     ConfigView,
     Phases,
@@ -16,6 +16,7 @@ from learners.algorithms.registry import (
     inner_flags,
     register_algorithm,
 )
+from learners.models.spec import InputStats
 
 
 class Context:
@@ -58,6 +59,14 @@ class Context:
     def observing_modules(self, config: Any) -> list[str]:
         context: ContextConfig = config.context
         return [m for m in (context.policy, context.value) if m is not None]
+
+    def input_stats(self, config: Any, obs: InputStats) -> dict[str, InputStats]:
+        # The encoder reads whole transitions: their observations (obs, new_obs) are
+        # standardised as the policy's; actions, rewards and returns pass as they are.
+        context: ContextConfig = config.context
+        stats = dict.fromkeys(self.observing_modules(config), obs)
+        stats[context.encoder] = transition_stats(context, obs, config.modules[context.policy])
+        return stats
 
     def compile_unsupported(self, config: Any) -> str | None:
         return None

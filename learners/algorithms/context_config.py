@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from learners.algorithms.macaw_config import AdvantageWeighting
-from learners.models.spec import DEFAULT_MODULE_ID, ModuleSpec
+from learners.models.spec import DEFAULT_MODULE_ID, InputStats, ModuleSpec
 
 Field_ = Literal["obs", "actions", "rewards", "new_obs", "returns"]
 
@@ -77,6 +77,22 @@ def encoder_input_size(context: ContextConfig, policy: ModuleSpec) -> int:
     """The size of one transition's `fields`, concatenated."""
     sizes = {"obs": policy.obs_dim, "new_obs": policy.obs_dim, "actions": policy.action_dim}
     return sum(sizes.get(name, 1) for name in context.fields)
+
+
+def transition_stats(context: ContextConfig, obs: InputStats, policy: ModuleSpec) -> InputStats:
+    """The encoder's input statistics: `obs` for each observation among `fields`, mean 0 and
+    standard deviation 1 (unchanged) for the other columns."""
+    sizes = {"actions": policy.action_dim}
+    mean: list[float] = []
+    std: list[float] = []
+    for name in context.fields:
+        if name in ("obs", "new_obs"):
+            mean += obs.mean
+            std += obs.std
+        else:
+            mean += [0.0] * sizes.get(name, 1)
+            std += [1.0] * sizes.get(name, 1)
+    return InputStats(mean=tuple(mean), std=tuple(std))
 
 
 def resolve_context(

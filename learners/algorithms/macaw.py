@@ -17,6 +17,7 @@ from learners.algorithms.registry import (
     inner_flags,
     register_algorithm,
 )
+from learners.models.spec import InputStats
 
 
 class Macaw:
@@ -71,6 +72,9 @@ class Macaw:
 
     def observing_modules(self, config: Any) -> list[str]:
         return list(config.modules)
+
+    def input_stats(self, config: Any, obs: InputStats) -> dict[str, InputStats]:
+        return dict.fromkeys(self.observing_modules(config), obs)
 
     def compile_unsupported(self, config: Any) -> str | None:
         # Not yet verified against eager: its phases compiled for minutes and drifted beyond

@@ -25,6 +25,7 @@ from learners.algorithms.registry import (
     inner_flags,
     register_algorithm,
 )
+from learners.models.spec import InputStats
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class MamlVariant:
 
     def observing_modules(self, config: Any) -> list[str]:
         return list(config.modules)
+
+    def input_stats(self, config: Any, obs: InputStats) -> dict[str, InputStats]:
+        return dict.fromkeys(self.observing_modules(config), obs)
 
     def compile_unsupported(self, config: Any) -> str | None:
         return None

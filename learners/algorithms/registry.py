@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pydantic import BaseModel
 
-from learners.models.spec import ModuleSpec
+from learners.models.spec import InputStats, ModuleSpec
 
 if TYPE_CHECKING:  # the config side imports this module and must stay free of torch
     from torch import Tensor
@@ -133,6 +133,11 @@ class Algorithm(Protocol):
     def observing_modules(self, config: Any) -> list[str]:
         """The modules whose input is one observation of the data (`obs_dim` its size); the
         others read something the algorithm builds (an encoder reads whole transitions)."""
+        ...
+
+    def input_stats(self, config: Any, obs: InputStats) -> dict[str, InputStats]:
+        """Each module's input statistics (`ModuleSpec.input_stats`) given the data's
+        observation statistics `obs` (`data.normalize`); modules left out read raw inputs."""
         ...
 
     def compile_unsupported(self, config: Any) -> str | None:

@@ -14,6 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from learners import MetaConfig, MetaLearner
+from learners.models.spec import InputStats
 from pipeline.consumer import predict
 from tests.helpers.tolerances import largest, rounding_tolerance
 
@@ -210,6 +211,25 @@ def test_bad_context_configs_are_refused_with_what_was_expected() -> None:
         "Value error, algorithm 'context' encodes continuous actions; the policy has head "
         "'categorical': drop 'actions' from context.fields"
     )
+
+
+def test_normalised_observations_reach_the_encoder_inside_its_transitions() -> None:
+    config = MetaConfig.model_validate(_config(True))
+    obs = InputStats(mean=tuple(float(i) for i in range(OBS)), std=(2.0,) * OBS)
+    stats = config.input_stats(obs)
+    assert set(stats) == {POLICY, ENCODER, VALUE}  # the task model reads [obs, action]
+    assert stats[POLICY] == stats[VALUE] == obs
+    # fields obs, actions, rewards, new_obs: the actions and the reward pass unchanged.
+    unchanged = (0.0,) * (ACT + 1), (1.0,) * (ACT + 1)
+    assert stats[ENCODER].mean == obs.mean + unchanged[0] + obs.mean
+    assert stats[ENCODER].std == obs.std + unchanged[1] + obs.std
+    encoder = config.modules[ENCODER].model_copy(update={"input_stats": stats[ENCODER]})
+    learner = MetaLearner(
+        config.model_copy(update={"modules": {**config.modules, ENCODER: encoder}})
+    )
+    support = {c: t[0] for c, t in _part(K, torch.Generator())[POLICY].items()}
+    adapted = learner.adapt(None, {POLICY: support})
+    assert torch.isfinite(adapted[POLICY]["latent"]).all()
 
 
 def test_the_config_fixes_latents_and_the_rows_each_module_reads() -> None:
