@@ -56,6 +56,11 @@ CONFIGS = {
 LABELS = {"context": "context encoder", "maml": "MAML cloning", "macaw": "MACAW"}
 SKILLS = ("reach", "push")
 POLICIES = ("unadapted", "adapted", "expert")
+CURVE_KEYS = tuple(
+    f"{figure}_{policy}"
+    for figure in ("success", "success_final", "return")
+    for policy in ("unadapted", "adapted")
+)
 _TOOK = re.compile(r"^took .*$", re.MULTILINE)
 _RAY_TIMEOUT = "timed out during startup"
 RAY_START_ATTEMPTS = 4
@@ -227,7 +232,15 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a config override under trial (validation runs; named by --tag in the records)",
     )
+    parser.add_argument(
+        "--no-curve",
+        action="store_true",
+        help="validation runs: record the final evaluation only (the run's own), no curve",
+    )
     parser.add_argument("--tag", default="", help="names the trial's records and folders")
+    parser.add_argument(
+        "--note", default="", help="what else the trial's run differed in (its records say it)"
+    )
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument(
         "--summary-only",
@@ -308,7 +321,15 @@ def _validate(
     overrides = [f"{key}={value}" for key, value in extra.items()]
     overrides += [f"training.seed={seed}", f"tasks.seed={seed}"]
     cfg = load_config(config, overrides)
-    curve = validation_curve(cfg, run["runs"])
+    saved = run["runs"].parent / "curve.json"
+    if saved.is_file():
+        curve = json.loads(saved.read_text())
+    elif args.no_curve:
+        figures = _figures(run["metrics"])
+        curve = [{"iteration": run["iterations"], **{k: figures[k] for k in CURVE_KEYS}}]
+    else:
+        curve = validation_curve(cfg, run["runs"])
+        saved.write_text(json.dumps(curve, indent=2) + "\n")
     final = curve[-1]
     print(
         f"  validation {algorithm}{tag} seed {seed}: adapted success "
@@ -328,7 +349,7 @@ def _validate(
         "aside from training; the learning curve evaluates every checkpoint on them",
         final["success_adapted"],
         "success rate",
-        shape={**_shape(skill, algorithm, args), "seed": seed, "trial": trial},
+        shape={**_shape(skill, algorithm, args), "seed": seed, "trial": trial, "note": args.note},
         details={
             "validation_goals": validation_goals(train, args.validation_goals),
             "curve": curve,
@@ -496,10 +517,6 @@ def _record_summary(
     )
 
 
-if __name__ == "__main__":
-    main()
-
-
 PUBLISHED = (
     "Published offline meta-RL figures on ML1 are normalised returns, not success rates, so "
     "none sits in a column above. The nearest: on push, MACAW 0.28 ± 0.19 of the dataset's "
@@ -598,7 +615,8 @@ def render_validation(records: list[dict[str, Any]]) -> str:
     ]
     for record in sorted(runs, key=lambda r: r["date"]):
         shape, details = record["shape"], record["details"]
-        trial = ", ".join(f"`{k}={v}`" for k, v in shape.get("trial", {}).items()) or "as shipped"
+        trial = ", ".join(f"`{k}={v}`" for k, v in shape.get("trial", {}).items())
+        trial = "; ".join(part for part in (trial, shape.get("note")) if part) or "as shipped"
         curve = "; ".join(
             f"{p['iteration']}: {p['success_adapted']:.2f} ({p['success_unadapted']:.2f})"
             for p in details["curve"]
@@ -662,3 +680,7 @@ def _stage_seconds(took: str | None, stage: str) -> float:
     """Seconds of ``stage`` in a run's ``took ...`` line (nan when the line lacks it)."""
     found = re.search(rf"\b{stage} ([0-9.]+) s", took or "")
     return float(found.group(1)) if found else math.nan
+
+
+if __name__ == "__main__":
+    main()
