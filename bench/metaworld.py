@@ -390,6 +390,11 @@ def _shape(skill: str, algorithm: str, args: argparse.Namespace) -> dict[str, An
         else f"{cfg.tasks.support_episodes} episode(s) x {cfg.tasks.support_window or 'all'} steps",
         "query": cfg.tasks.query,
         "meta_batch": cfg.tasks.meta_batch,
+        **(
+            {"encoder_inputs": "standardised" if context.standardize_transitions else "raw"}
+            if (context := cfg.learners.context) is not None
+            else {}
+        ),
     }
 
 

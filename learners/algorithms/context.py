@@ -61,11 +61,13 @@ class Context:
         return [m for m in (context.policy, context.value) if m is not None]
 
     def input_stats(self, config: Any, obs: InputStats) -> dict[str, InputStats]:
-        # The encoder reads whole transitions: their observations (obs, new_obs) are
-        # standardised as the policy's; actions, rewards and returns pass as they are.
+        # The encoder reads whole transitions: when asked, their observations (obs, new_obs)
+        # are standardised as the policy's; actions, rewards and returns pass as they are.
         context: ContextConfig = config.context
         stats = dict.fromkeys(self.observing_modules(config), obs)
-        stats[context.encoder] = transition_stats(context, obs, config.modules[context.policy])
+        if context.standardize_transitions:
+            policy = config.modules[context.policy]
+            stats[context.encoder] = transition_stats(context, obs, policy)
         return stats
 
     def compile_unsupported(self, config: Any) -> str | None:

@@ -58,6 +58,12 @@ class ContextConfig(AdvantageWeighting):
     task_model_coef: float = Field(
         1.0, ge=0, description="Weight of the task model's loss in the meta-objective."
     )
+    standardize_transitions: bool = Field(
+        False,
+        description="With data.normalize [obs]: the encoder standardises the observations "
+        "inside its transitions (obs, new_obs) as the policy does; false: the encoder reads "
+        "raw transitions.",
+    )
 
     @field_validator("fields")
     @classmethod

@@ -214,8 +214,11 @@ def test_bad_context_configs_are_refused_with_what_was_expected() -> None:
 
 
 def test_normalised_observations_reach_the_encoder_inside_its_transitions() -> None:
-    config = MetaConfig.model_validate(_config(True))
     obs = InputStats(mean=tuple(float(i) for i in range(OBS)), std=(2.0,) * OBS)
+    assert set(MetaConfig.model_validate(_config(True)).input_stats(obs)) == {POLICY, VALUE}
+    asked = _config(True)
+    asked["context"]["standardize_transitions"] = True
+    config = MetaConfig.model_validate(asked)
     stats = config.input_stats(obs)
     assert set(stats) == {POLICY, ENCODER, VALUE}  # the task model reads [obs, action]
     assert stats[POLICY] == stats[VALUE] == obs
