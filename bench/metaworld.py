@@ -282,7 +282,7 @@ def main() -> None:
                 )
                 if record and not args.summary_only:
                     _record_run(skill, algorithm, seed, figures, run, behaviour, args, recording_s)
-        if record:
+        if record and len(args.seeds) > 1:  # one seed per process: --summary-only after
             _record_summary(skill, results, behaviour, args)
 
 
@@ -622,6 +622,7 @@ def render_validation(records: list[dict[str, Any]]) -> str:
         shape, details = record["shape"], record["details"]
         trial = ", ".join(f"`{k}={v}`" for k, v in shape.get("trial", {}).items())
         trial = "; ".join(part for part in (trial, shape.get("note")) if part) or "as shipped"
+        trial += f" (at {(record['git']['revision'] or 'no git')[:7]})"
         curve = "; ".join(
             f"{p['iteration']}: {p['success_adapted']:.2f} ({p['success_unadapted']:.2f})"
             for p in details["curve"]

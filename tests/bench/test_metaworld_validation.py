@@ -70,7 +70,6 @@ def test_the_validation_table_lists_each_trial_and_its_curve(tmp_path: Path) -> 
     )
     table = render_validation(read_records(tmp_path)).splitlines()
     curve = "1000: 0.50 (0.50); 2000: 0.80 (0.50)"
-    assert table[2].startswith(
-        f"| reach-v3 | context encoder | `a.b=1` | 0 | {curve} | 0.50 | 20.0 | 300 s"
-    )
+    assert table[2].startswith("| reach-v3 | context encoder | `a.b=1` (at ")
+    assert f" | 0 | {curve} | 0.50 | 20.0 | 300 s" in table[2]
     assert table[-1].startswith("Each run trains on the train goals but the last 2")

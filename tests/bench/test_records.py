@@ -55,6 +55,7 @@ def test_the_readme_shows_the_headline_figures_that_have_records():
         "summary-reach-context",
         "summary-reach-context-final",
         "summary-reach-context-gain",
+        "summary-push-context",
     ]
 
 
