@@ -40,15 +40,31 @@ import numpy as np
 
 # Run as a script, this folder comes first on sys.path and bench/learners.py would shadow the
 # `learners` package; the repository root must come first.
+# This file's own name shadows the metaworld package too, so the folder leaves sys.path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.records import Baseline, write_record
+from bench.metaworld_validation import validation_curve, validation_goals, validation_split  # noqa: E402
+from bench.records import Baseline, write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"maml": "metaworld_{skill}.yaml", "macaw": "metaworld_{skill}_macaw.yaml"}
+CONFIGS = {
+    "context": "metaworld_{skill}.yaml",
+    "maml": "metaworld_{skill}_maml.yaml",
+    "macaw": "metaworld_{skill}_macaw.yaml",
+}
+LABELS = {"context": "context encoder", "maml": "MAML cloning", "macaw": "MACAW"}
 SKILLS = ("reach", "push")
 POLICIES = ("unadapted", "adapted", "expert")
+CURVE_KEYS = tuple(
+    f"{figure}_{policy}"
+    for figure in ("success", "success_final", "return")
+    for policy in ("unadapted", "adapted")
+)
 _TOOK = re.compile(r"^took .*$", re.MULTILINE)
+_RAY_TIMEOUT = "timed out during startup"
+RAY_START_ATTEMPTS = 4
+_RATE = re.compile(r"iteration (\d+)/(\d+) \([^)]*\) \| ([0-9.]+) it/s")
 
 
 def ensure_data(data: Path, skills: list[str]) -> float:
@@ -88,41 +104,82 @@ def behaviour_stats(heldout: Path) -> dict[str, float]:
 
 
 def run_one(
-    skill: str, algorithm: str, seed: int, data: Path, work: Path, iterations: int | None
+    skill: str,
+    algorithm: str,
+    seed: int,
+    data: Path,
+    work: Path,
+    iterations: int | None,
+    *,
+    extra: dict[str, Any] | None = None,
+    tag: str = "",
 ) -> dict[str, Any]:
-    """One ``offmeta run``; returns its published metrics, wall time and stage line."""
+    """One ``offmeta run`` (resumed when ``work`` holds an unfinished one); returns its
+    published metrics, wall time, stage line, training rate and the machine's load."""
     config = ROOT / "flows" / "configs" / CONFIGS[algorithm].format(skill=skill)
-    out = work / f"{skill}-{algorithm}-seed{seed}"
-    overrides = {
+    out = work / f"{skill}-{algorithm}{tag}-seed{seed}"
+    overrides: dict[str, Any] = {
         "data.train": data / skill / "train",
         "data.heldout": data / skill / "heldout",
         "training.seed": seed,
         "tasks.seed": seed,
         "training.checkpoint_dir": out / "runs",
         "artifacts.root": out / "artifacts",
+        **(extra or {}),
     }
     if iterations is not None:
         overrides["training.iterations"] = iterations
     argv = [str(ROOT / ".venv" / "bin" / "offmeta"), "run", "--config", str(config)]
     for key, value in overrides.items():
         argv += ["--set", f"{key}={value}"]
-    start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=_env())
-    wall = time.perf_counter() - start
+    result = out / "result.json"
+    if result.is_file():  # finished before: the bench itself resumes
+        return {**json.loads(result.read_text()), "runs": out / "runs"}
+    load_before = os.getloadavg()[0]
+    out.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        unfinished = [r for r in (out / "runs").glob("*/run.json") if not _finished(r.parent)]
+        resume = ["--resume"] if unfinished else []
+        start = time.perf_counter()
+        with open(out.with_suffix(".log"), "a") as log:
+            written = log.tell()
+            done = subprocess.run(
+                argv + resume, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env()
+            )
+        wall = time.perf_counter() - start
+        text = out.with_suffix(".log").read_text()
+        # A local Ray gets 30 s to start (docs/runs.md): on a busy machine, start again.
+        if done.returncode == 0 or _RAY_TIMEOUT not in text[written:]:
+            break
+        print(f"  Ray did not start in time (attempt {attempt}); starting again", flush=True)
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"{' '.join(argv)} failed (log {out.with_suffix('.log')}):\n{text[-3000:]}"
+        )
     from pipeline.artifacts import ArtifactStore
 
     store = ArtifactStore(out / "artifacts")
     name = f"metaworld-{skill}-{algorithm}"
-    manifest = store.get(f"{name}:1")
-    took = _TOOK.search(done.stdout + done.stderr)
-    return {
+    manifest = store.get(name)
+    took = _TOOK.findall(text)
+    rates = _RATE.findall(text)
+    run = {
         "metrics": dict(manifest.metrics),
         "wall_s": wall,
-        "stages": took.group(0) if took else None,
+        "resumed": bool(resume),
+        "stages": took[-1] if took else None,
+        "iterations": int(rates[-1][1]) if rates else iterations,
+        "iterations_per_s": float(rates[-1][2]) if rates else math.nan,
+        "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "artifact": str(out / "artifacts"),
+        "argv": argv,
     }
+    result.write_text(json.dumps(run, indent=2) + "\n")
+    return {**run, "runs": out / "runs"}
+
+
+def _finished(run_dir: Path) -> bool:
+    return (run_dir / "finished.json").is_file()
 
 
 def _env() -> dict[str, str]:
@@ -157,11 +214,51 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="override the configs'")
     parser.add_argument("--data", type=Path, default=ROOT / "bench" / "data" / "metaworld")
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "data" / "metaworld-runs")
+    parser.add_argument(
+        "--validation-goals",
+        type=int,
+        default=0,
+        help="N > 0: train without the last N train goals and evaluate on them (the "
+        "validation split settings are chosen on), with a learning curve",
+    )
+    parser.add_argument(
+        "--curve-every", type=int, default=1000, help="iterations between curve points"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override under trial (validation runs; named by --tag in the records)",
+    )
+    parser.add_argument(
+        "--no-curve",
+        action="store_true",
+        help="validation runs: record the final evaluation only (the run's own), no curve",
+    )
+    parser.add_argument("--tag", default="", help="names the trial's records and folders")
+    parser.add_argument(
+        "--note", default="", help="what else the trial's run differed in (its records say it)"
+    )
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="record the summary over --seeds only (runs done before, e.g. one seed per process "
+        "side by side, each of which recorded its run)",
+    )
     args = parser.parse_args()
     record = not args.no_record
     recording_s = ensure_data(args.data, args.skills)
+    trial = dict(override.split("=", 1) for override in args.overrides)
+    tag = f"-{args.tag}" if args.tag else ""
     for skill in args.skills:
+        if args.validation_goals:
+            for algorithm in args.algorithms:
+                for seed in args.seeds:
+                    _validate(skill, algorithm, seed, trial, tag, args, record)
+            continue
         behaviour = behaviour_stats(args.data / skill / "heldout")
         print(
             f"{skill}: behaviour data success {behaviour['success']:.2f} (any step), "
@@ -170,7 +267,9 @@ def main() -> None:
         results: dict[str, list[dict[str, float]]] = {}
         for algorithm in args.algorithms:
             for seed in args.seeds:
-                run = run_one(skill, algorithm, seed, args.data, args.work, args.iterations)
+                run = run_one(
+                    skill, algorithm, seed, args.data, args.work, args.iterations, extra=trial
+                )
                 figures = _figures(run["metrics"])
                 results.setdefault(algorithm, []).append(figures)
                 print(
@@ -178,13 +277,99 @@ def main() -> None:
                     f" / final {figures['success_final_adapted']:.2f}, return "
                     f"{figures['return_adapted']:.1f} (unadapted "
                     f"{figures['success_unadapted']:.2f}, expert {figures['success_expert']:.2f})"
-                    f"; {run['wall_s']:.0f} s",
+                    f"; {run['wall_s']:.0f} s, {run['iterations_per_s']:.1f} it/s",
                     flush=True,
                 )
-                if record:
+                if record and not args.summary_only:
                     _record_run(skill, algorithm, seed, figures, run, behaviour, args, recording_s)
-        if record:
+        if record and len(args.seeds) > 1:  # one seed per process: --summary-only after
             _record_summary(skill, results, behaviour, args)
+
+
+def _validate(
+    skill: str,
+    algorithm: str,
+    seed: int,
+    trial: dict[str, str],
+    tag: str,
+    args: argparse.Namespace,
+    record: bool,
+) -> None:
+    """One validation run of ``trial`` and its learning curve on the validation goals."""
+    from flows.config import load_config
+
+    config = ROOT / "flows" / "configs" / CONFIGS[algorithm].format(skill=skill)
+    train = args.data / skill / "train"
+    where = args.data / skill / f"validation-{args.validation_goals}"
+    split = validation_split(train, args.validation_goals, where)
+    split = {"data.train": split["train"], "data.heldout": split["heldout"]}
+    keep = {
+        "training.checkpoint_every": args.curve_every,
+        "training.keep_checkpoints": 1000,
+    }
+    extra = {**split, **keep, **trial}
+    run = run_one(
+        skill,
+        algorithm,
+        seed,
+        args.data,
+        args.work,
+        args.iterations,
+        extra=extra,
+        tag=f"-validation{tag}",
+    )
+    overrides = [f"{key}={value}" for key, value in extra.items()]
+    overrides += [f"training.seed={seed}", f"tasks.seed={seed}"]
+    cfg = load_config(config, overrides)
+    saved = run["runs"].parent / "curve.json"
+    if saved.is_file():
+        curve = json.loads(saved.read_text())
+    elif args.no_curve:
+        figures = _figures(run["metrics"])
+        curve = [{"iteration": run["iterations"], **{k: figures[k] for k in CURVE_KEYS}}]
+    else:
+        curve = validation_curve(cfg, run["runs"])
+        saved.write_text(json.dumps(curve, indent=2) + "\n")
+    final = curve[-1]
+    print(
+        f"  validation {algorithm}{tag} seed {seed}: adapted success "
+        f"{final['success_adapted']:.2f} / final {final['success_final_adapted']:.2f} "
+        f"(unadapted {final['success_unadapted']:.2f}); {run['wall_s']:.0f} s, "
+        f"{run['iterations_per_s']:.1f} it/s; curve "
+        + ", ".join(f"{p['iteration']}: {p['success_adapted']:.2f}" for p in curve),
+        flush=True,
+    )
+    if not record:
+        return
+    write_record(
+        "metaworld",
+        f"validation-{skill}-{algorithm}{tag}-seed{seed}",
+        f"Meta-World ML1 {skill}-v3, {algorithm}, seed {seed}, validation split: success (any "
+        f"step) of the adapted policy on the last {args.validation_goals} train goals, held "
+        "aside from training; the learning curve evaluates every checkpoint on them",
+        final["success_adapted"],
+        "success rate",
+        shape={**_shape(skill, algorithm, args), "seed": seed, "trial": trial, "note": args.note},
+        details={
+            "validation_goals": validation_goals(train, args.validation_goals),
+            "curve": curve,
+            **_timing(run),
+        },
+    )
+
+
+def _timing(run: dict[str, Any]) -> dict[str, Any]:
+    """A run's wall time, stages, training rate and load, for its record."""
+    return {
+        "wall_s": round(run["wall_s"], 1),
+        "resumed": run.get("resumed", False),
+        "stages": run["stages"],
+        "train_s": _stage_seconds(run["stages"], "train"),
+        "iterations": run["iterations"],
+        "iterations_per_s": run["iterations_per_s"],
+        "load_1min": run["load_1min"],
+        "device": "cpu",
+    }
 
 
 def _shape(skill: str, algorithm: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -200,9 +385,16 @@ def _shape(skill: str, algorithm: str, args: argparse.Namespace) -> dict[str, An
         "train_goals": generator["train_goals"],
         "heldout_goals": generator["heldout_goals"],
         "episodes_per_goal": generator["episodes_per_goal"],
-        "support": cfg.tasks.support,
+        "support": cfg.tasks.support
+        if cfg.tasks.support_from == "transitions"
+        else f"{cfg.tasks.support_episodes} episode(s) x {cfg.tasks.support_window or 'all'} steps",
         "query": cfg.tasks.query,
         "meta_batch": cfg.tasks.meta_batch,
+        **(
+            {"encoder_inputs": "standardised" if context.standardize_transitions else "raw"}
+            if (context := cfg.learners.context) is not None
+            else {}
+        ),
     }
 
 
@@ -231,8 +423,7 @@ def _record_run(
         details={
             **figures,
             "behaviour": behaviour,
-            "wall_s": round(run["wall_s"], 1),
-            "stages": run["stages"],
+            **_timing(run),
             "recording_s": round(recording_s, 1),
         },
     )
@@ -251,19 +442,57 @@ def _record_summary(
     details = {"seeds": args.seeds, "behaviour": behaviour, "by_algorithm": summary}
     if skill == "reach":
         for algorithm, figures in summary.items():
-            mean, error = figures["success_adapted"]
-            print(f"{skill} {algorithm}: adapted success {mean:.2f} ± {error:.2f} (>= 0.9)")
-            write_record(
-                "metaworld",
-                f"summary-{skill}-{algorithm}",
-                f"Meta-World ML1 {skill}-v3, {algorithm}: held-out success (any step) after "
-                "adaptation, mean over seeds",
-                mean,
-                "success rate",
-                shape={**_shape(skill, algorithm, args), "seeds": len(args.seeds)},
-                target=">= 0.9",
-                details=details,
+            gain = mean_and_error(
+                [r["success_adapted"] - r["success_unadapted"] for r in results[algorithm]]
             )
+            targets = (
+                (
+                    "",
+                    "held-out success (any step) after adaptation",
+                    figures["success_adapted"],
+                    ">= 0.9",
+                ),
+                (
+                    "-final",
+                    "held-out success at the episode's last step after adaptation",
+                    figures["success_final_adapted"],
+                    ">= 0.7",
+                ),
+                (
+                    "-gain",
+                    "held-out success (any step) adapted minus unadapted (the goal is "
+                    "hidden: adaptation must find it)",
+                    gain,
+                    ">= 0.3",
+                ),
+            )
+            for suffix, what, (mean, error), target in targets:
+                print(f"{skill} {algorithm}: {what} {mean:.2f} ± {error:.2f} ({target})")
+                write_record(
+                    "metaworld",
+                    f"summary-{skill}-{algorithm}{suffix}",
+                    f"Meta-World ML1 {skill}-v3, {algorithm}: {what}, mean over seeds",
+                    mean,
+                    "success rate",
+                    shape={**_shape(skill, algorithm, args), "seeds": len(args.seeds)},
+                    target=target,
+                    details={**details, "standard_error": error},
+                )
+        return
+    if set(summary) == {"context"}:
+        mean, error = summary["context"]["success_adapted"]
+        print(f"{skill} context: adapted success {mean:.2f} ± {error:.2f} (>= 0.6)")
+        write_record(
+            "metaworld",
+            f"summary-{skill}-context",
+            f"Meta-World ML1 {skill}-v3, context: held-out success (any step) after adaptation, "
+            "mean over seeds",
+            mean,
+            "success rate",
+            shape={**_shape(skill, "context", args), "seeds": len(args.seeds)},
+            target=">= 0.6",
+            details={**details, "standard_error": error},
+        )
         return
     if not {"maml", "macaw"} <= set(summary):
         return
@@ -291,10 +520,6 @@ def _record_summary(
         target=">= 2",
         details=details,
     )
-
-
-if __name__ == "__main__":
-    main()
 
 
 PUBLISHED = (
@@ -325,6 +550,7 @@ def render_results(records: list[dict[str, Any]]) -> str:
         "wall per run (stages) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    shapes: list[tuple[str, str, list[dict[str, Any]]]] = []
     for skill in sorted({skill for skill, _ in latest}, key=lambda s: s.startswith("push")):
         chosen = {
             algorithm: _same_shape(runs, newest)
@@ -339,22 +565,82 @@ def render_results(records: list[dict[str, Any]]) -> str:
         )
         lines.append(_row(skill, "scripted expert", any_runs, "expert", wall=False))
         for algorithm, chosen_runs in chosen.items():
-            label = "MAML cloning" if algorithm == "maml" else "MACAW"
+            label = LABELS[algorithm]
+            shapes.append((skill, label, chosen_runs))
             lines.append(_row(skill, f"{label}, unadapted", chosen_runs, "unadapted", wall=False))
             lines.append(_row(skill, f"{label}, adapted", chosen_runs, "adapted", wall=True))
     shape = any_runs[0]["shape"]
+    newest = max(runs, key=lambda r: r["date"])
     return "\n".join(
         [
             *lines,
             "",
             f"Mean ± standard error over seeds; {shape['heldout_goals']} held-out goals, one "
             f"500-step episode each; {shape['train_goals']} train goals, "
-            f"{shape['episodes_per_goal']} episodes each; K={shape['support']} support and "
-            f"Q={shape['query']} query transitions, {shape['iterations']} meta-iterations. "
-            f"Machine: {runs[-1]['machine']['cpu']}, {runs[-1]['machine']['cores']} cores; "
-            f"records of {runs[-1]['date'][:10]} at {runs[-1]['git']['revision'][:10]}.",
+            f"{shape['episodes_per_goal']} episodes each. Machine: "
+            f"{newest['machine']['cpu']}, {newest['machine']['cores']} cores, no GPU. The wall "
+            "column: the whole `offmeta run`, its train and evaluate stages, the training rate "
+            "(iterations/s, compilation included) and the 1-minute load at the run's start.",
+            "",
+            *(f"- {_shape_line(skill, label, chosen)}" for skill, label, chosen in shapes),
             "",
             PUBLISHED,
+            "",
+            "Learning curves on the validation split (the settings were chosen on these; "
+            "never on the held-out goals):",
+            "",
+            render_validation(records),
+        ]
+    )
+
+
+def _shape_line(skill: str, label: str, runs: list[dict[str, Any]]) -> str:
+    """What one (skill, algorithm) row group was trained on, and when."""
+    shape, newest = runs[-1]["shape"], max(runs, key=lambda r: r["date"])
+    support = shape["support"]
+    support = f"K={support} support transitions" if isinstance(support, int) else support
+    return (
+        f"{skill}, {label}: {support} of context, Q={shape['query']} query transitions, "
+        f"{shape['meta_batch']} tasks per meta-batch, {shape['iterations']} meta-iterations; "
+        f"seeds {', '.join(str(r['shape']['seed']) for r in runs)}, records of "
+        f"{newest['date'][:10]} at {newest['git']['revision'][:10]}."
+    )
+
+
+def render_validation(records: list[dict[str, Any]]) -> str:
+    """The learning curves of the ``validation-*`` records: adapted success on the train
+    goals held aside, by iteration (unadapted in brackets), one row per trial and seed."""
+    runs = [r for r in records if r["bench"] == "metaworld" and r["figure"].startswith("valid")]
+    if not runs:
+        return "No validation records yet: run `bench/metaworld.py --validation-goals N`."
+    lines = [
+        "| skill | algorithm | trial | seed | adapted (unadapted) success by iteration | "
+        "final, last step | it/s | wall |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for record in sorted(runs, key=lambda r: r["date"]):
+        shape, details = record["shape"], record["details"]
+        trial = ", ".join(f"`{k}={v}`" for k, v in shape.get("trial", {}).items())
+        trial = "; ".join(part for part in (trial, shape.get("note")) if part) or "as shipped"
+        trial += f" (at {(record['git']['revision'] or 'no git')[:7]})"
+        curve = "; ".join(
+            f"{p['iteration']}: {p['success_adapted']:.2f} ({p['success_unadapted']:.2f})"
+            for p in details["curve"]
+        )
+        last = details["curve"][-1]
+        lines.append(
+            f"| {shape['skill']} | {LABELS.get(shape['algorithm'], shape['algorithm'])} | "
+            f"{trial} | {shape['seed']} | {curve} | {last['success_final_adapted']:.2f} | "
+            f"{details['iterations_per_s']:.1f} | {details['wall_s']:.0f} s (load "
+            f"{record['machine']['load_average_1m']:.0f}) |"
+        )
+    goals = len(runs[-1]["details"]["validation_goals"])
+    return "\n".join(
+        [
+            *lines,
+            "",
+            f"Each run trains on the train goals but the last {goals} (in task-id order) and "
+            "evaluates every kept checkpoint on those, with the config's context and rollouts.",
         ]
     )
 
@@ -385,9 +671,12 @@ def _row(skill: str, label: str, runs: list[dict[str, Any]], policy: str, *, wal
             for stage in ("train", "evaluate")
         }
         total = np.mean([r["details"]["wall_s"] for r in runs])
-        cells.append(
-            f"{total:.0f} s (train {seconds['train']:.0f}, evaluate {seconds['evaluate']:.0f})"
-        )
+        cell = f"{total:.0f} s (train {seconds['train']:.0f}, evaluate {seconds['evaluate']:.0f})"
+        rates = [r["details"].get("iterations_per_s") for r in runs]
+        if all(rate is not None for rate in rates):
+            loads = [r["details"]["load_1min"][0] for r in runs]
+            cell += f", {np.mean(rates):.1f} it/s, load {min(loads):.0f}-{max(loads):.0f}"
+        cells.append(cell)
     else:
         cells.append("")
     return "| " + " | ".join(cells) + " |"
@@ -397,3 +686,7 @@ def _stage_seconds(took: str | None, stage: str) -> float:
     """Seconds of ``stage`` in a run's ``took ...`` line (nan when the line lacks it)."""
     found = re.search(rf"\b{stage} ([0-9.]+) s", took or "")
     return float(found.group(1)) if found else math.nan
+
+
+if __name__ == "__main__":
+    main()

@@ -65,6 +65,14 @@ HEADLINES = (
     Headline("streams", "2b-steady-epochs-rllib", "steady stream vs RLlib's iterator"),
     Headline("flow", "1-sinusoid-loop", "flow loop vs learner alone"),
     Headline("artifacts", "4-s3-publish-load", "S3 publish + load vs boto3"),
+    Headline("metaworld", "summary-reach-context", "Meta-World reach-v3 held-out success"),
+    Headline(
+        "metaworld", "summary-reach-context-final", "Meta-World reach-v3 success at the last step"
+    ),
+    Headline(
+        "metaworld", "summary-reach-context-gain", "Meta-World reach-v3 adapted minus unadapted"
+    ),
+    Headline("metaworld", "summary-push-context", "Meta-World push-v3 held-out success"),
 )
 
 

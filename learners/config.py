@@ -232,6 +232,12 @@ class MetaConfig(BaseModel):
                 )
         return stats
 
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_off_as_written(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` (`--set learners.compile=off`) as false.
+        return "off" if value is False else value
+
     @field_validator("modules")
     @classmethod
     def _module_ids(cls, modules: dict[str, ModuleSpec]) -> dict[str, ModuleSpec]:

@@ -7,6 +7,7 @@
 #   data/samples/regenerate_metaworld.sh              # the committed samples (seconds)
 #   data/samples/regenerate_metaworld.sh --full DIR   # the full sets bench/metaworld.py trains
 #                                                     # on: DIR/reach, DIR/push (minutes)
+#   data/samples/regenerate_metaworld.sh --full DIR reach   # one skill (or several) only
 #   OFFMETA_METAWORLD_VENV=/some/dir data/samples/regenerate_metaworld.sh
 #
 # Samples: 6 train and 2 held-out goals, 4 episodes of 50 steps per goal (one per behaviour).
@@ -31,7 +32,12 @@ record() {
 
 if [[ "${1:-}" == "--full" ]]; then
   out="${2:?--full needs a folder}"
-  for skill in reach push; do
+  shift 2
+  skills=("$@")
+  if [[ ${#skills[@]} -eq 0 ]]; then
+    skills=(reach push)
+  fi
+  for skill in "${skills[@]}"; do
     rm -rf "$out/$skill/train" "$out/$skill/heldout"
     record --env "$skill-v3" --out "$out/$skill"
   done

@@ -64,7 +64,9 @@ class Context:
         context: ContextConfig = config.context
         policy = config.modules[context.policy]
         sizes = {"obs": policy.obs_dim, "new_obs": policy.obs_dim, "actions": policy.action_dim}
-        inputs = {context.encoder: tuple((name, sizes.get(name, 1)) for name in context.fields)}
+        inputs = {}
+        if context.standardize_transitions:
+            inputs[context.encoder] = tuple((name, sizes.get(name, 1)) for name in context.fields)
         if context.task_model is not None:
             inputs[context.task_model] = (("obs", policy.obs_dim), ("actions", policy.action_dim))
         return inputs

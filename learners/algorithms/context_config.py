@@ -58,6 +58,13 @@ class ContextConfig(AdvantageWeighting):
     task_model_coef: float = Field(
         1.0, ge=0, description="Weight of the task model's loss in the meta-objective."
     )
+    standardize_transitions: bool = Field(
+        True,
+        description="With data.normalize [obs]: the encoder standardises the observations "
+        "inside its transitions (obs, new_obs) with the statistics the policy's are "
+        "standardised with (rewards and returns as data.normalize names them); false: the "
+        "encoder reads its transitions' observations raw.",
+    )
 
     @field_validator("fields")
     @classmethod

@@ -59,7 +59,9 @@ def test_the_table_sums_up_the_latest_runs_of_the_newest_shape(tmp_path: Path) -
         f"| reach-v3 | MAML cloning, adapted | 0.80 ± {errors:.2f} | 0.80 ± {errors:.2f} | "
         f"1 ± 0 | 3 | 101 s (train 61, evaluate 20) |"
     )
-    assert "2000 meta-iterations" in lines[7]
+    assert lines[9].startswith("- reach-v3, MAML cloning: K=20 support transitions of context")
+    assert "2000 meta-iterations; seeds 0, 1, 2" in lines[9]
+    assert "No validation records yet" in lines[-1]
 
 
 def test_no_records_say_how_to_make_them(tmp_path: Path) -> None:

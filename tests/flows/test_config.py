@@ -63,6 +63,12 @@ def test_overrides_reach_nested_learner_fields_and_are_parsed_as_yaml() -> None:
     assert cfg.artifacts.name == "nightly"
 
 
+def test_a_bare_off_switches_the_compiled_step_off() -> None:
+    # YAML 1.1 reads `off` as false; the field takes it as written.
+    assert load_config(POINT_ROBOT, ["learners.compile=off"]).learners.compile == "off"
+    assert load_config(POINT_ROBOT, ["learners.compile=default"]).learners.compile == "default"
+
+
 def test_value_checks_default_to_full_and_can_be_lowered() -> None:
     assert load_config(POINT_ROBOT).data.check_values == "full"
     assert load_config(POINT_ROBOT, ["data.check_values=sample"]).data.check_values == "sample"

@@ -28,7 +28,14 @@ POLICIES = ("unadapted", "adapted", "expert")
 
 @pytest.mark.parametrize(
     "name",
-    ["metaworld_reach", "metaworld_reach_macaw", "metaworld_push", "metaworld_push_macaw"],
+    [
+        *(f"metaworld_{skill}" for skill in ("reach", "push")),
+        *(
+            f"metaworld_{skill}_{variant}"
+            for skill in ("reach", "push")
+            for variant in ("maml", "macaw")
+        ),
+    ],
 )
 def test_the_metaworld_configs_validate(name: str) -> None:
     cfg = load_config(CONFIGS / f"{name}.yaml")

@@ -89,6 +89,17 @@ def test_every_module_and_column_gets_the_statistics_it_reads(configs) -> None:
     assert not plain.column_stats and plain.modules["encoder"].input_stats is None
 
 
+def test_an_encoder_asked_for_raw_transitions_reads_them_raw(configs) -> None:
+    _, _, stats = configs
+    cfg = load_config(
+        CONTEXT_RL, ["data.normalize=[obs]", "learners.context.standardize_transitions=false"]
+    )
+    train, _ = inspect_datasets(cfg)
+    raw = learner_config(cfg, train)
+    assert raw.modules["encoder"].input_stats is None
+    assert raw.modules[POLICY].input_stats.mean == tuple(stats["obs"][0].tolist())
+
+
 def test_training_on_raw_columns_is_training_on_standardised_ones(configs) -> None:
     normalized, plain, stats = configs
     raw = _raw_meta_batch(stats)

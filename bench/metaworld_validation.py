@@ -1,0 +1,85 @@
+"""The validation split of bench/metaworld.py: settings are chosen on train goals held aside,
+never on the held-out goals.
+
+``validation_split`` writes the data of a validation run: the last ``goals`` train goals
+(in task-id order) leave the training data and become its held-out data, each with the
+train split's ``dataset.json`` entries (so the evaluation env rebuilds those goals). A run
+takes them as ``--set data.train=... --set data.heldout=...``: the config is otherwise the
+one shipped, its selection and everything else applied as to the real held-out goals.
+
+``validation_curve`` evaluates every checkpoint a validation run kept on those goals
+(``flows.evaluation.heldout.evaluate``, in this process, no Ray): the learning curve of
+success over training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from flows.config import MetaTrainConfig
+
+
+def validation_goals(train: Path, goals: int) -> list[str]:
+    """The last ``goals`` task ids of the train split's ``dataset.json``, sorted."""
+    tasks = sorted(json.loads((train / "dataset.json").read_text())["tasks"])
+    if not 0 < goals < len(tasks):
+        raise SystemExit(
+            f"--validation-goals {goals}: the train split {train} has {len(tasks)} goals; "
+            "hold aside at least one and leave at least one to train on"
+        )
+    return tasks[-goals:]
+
+
+def validation_split(train: Path, goals: int, out: Path) -> dict[str, Path]:
+    """Write ``out/train`` (``train`` without its validation goals) and ``out/heldout`` (those
+    goals), each with ``train``'s ``dataset.json`` cut to its tasks; the ``data.train`` and
+    ``data.heldout`` a validation run takes. Written once: an existing split is reused."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    held = validation_goals(train, goals)
+    paths = {"train": out / "train", "heldout": out / "heldout"}
+    if all((path / "dataset.json").is_file() for path in paths.values()):
+        return paths
+    table = pa.concat_tables(pq.read_table(p) for p in sorted(train.glob("*.parquet")))
+    in_held = pc.is_in(pc.cast(table.column("task_id"), pa.string()), pa.array(held))
+    metadata = json.loads((train / "dataset.json").read_text())
+    for split, keep in (("train", pc.invert(in_held)), ("heldout", in_held)):
+        part = table.filter(keep)
+        tasks = {t: v for t, v in metadata["tasks"].items() if (t in held) == (split == "heldout")}
+        paths[split].mkdir(parents=True, exist_ok=True)
+        pq.write_table(part, paths[split] / "part-00000.parquet")
+        described = {**metadata, "split": split, "num_rows": part.num_rows, "tasks": tasks}
+        described["files"] = ["part-00000.parquet"]
+        (paths[split] / "dataset.json").write_text(json.dumps(described, indent=1) + "\n")
+    return paths
+
+
+def validation_curve(cfg: MetaTrainConfig, runs: Path) -> list[dict[str, float]]:
+    """Success (any step, last step) and return of every checkpoint kept under ``runs`` (one
+    run directory), evaluated on ``cfg.data.heldout`` as ``cfg`` selects it; by iteration."""
+    from flows.evaluation.heldout import evaluate
+    from flows.stages.datasets import episode_filter
+    from pipeline.io.checkpoints import read_shard
+    from pipeline.reads.episodes import read_episodes
+
+    heldout = read_episodes(cfg.data.heldout, episodes_where=episode_filter(cfg, "heldout"))
+    points = []
+    for directory in sorted(p for p in runs.glob("*/checkpoints/*") if p.is_dir()):
+        lead = read_shard(directory, 0)
+        report = evaluate(cfg, lead["learner"], heldout)
+        metrics = report.metrics()
+        points.append(
+            {
+                "iteration": int(lead["iteration"]),
+                **{
+                    f"{figure}_{policy}": metrics.get(f"heldout_{figure}_{policy}", math.nan)
+                    for figure in ("success", "success_final", "return")
+                    for policy in ("unadapted", "adapted")
+                },
+            }
+        )
+    return sorted(points, key=lambda point: point["iteration"])
