@@ -57,13 +57,9 @@ class Output:
     def wait_for(self, pattern: re.Pattern[str], within: float, what: str) -> str:
         deadline = time.monotonic() + within
         while True:
-            try:
-                text = self._lines.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                pytest.fail(f"{what}: not within {within} s:\n{self.text}")
+            text = self._next(deadline, within, what)
             if text is None:
                 pytest.fail(f"{what}: the process ended first:\n{self.text}")
-            self.seen.append(text)
             if pattern.search(text):
                 return text
 
@@ -71,15 +67,19 @@ class Output:
         """The lines up to the end of the output, which must come within ``within`` s."""
         deadline = time.monotonic() + within
         rest: list[str] = []
-        while True:
-            try:
-                text = self._lines.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                pytest.fail(f"the end of the output: not within {within} s:\n{self.text}")
-            if text is None:
-                return rest
-            self.seen.append(text)
+        while (text := self._next(deadline, within, "the end of the output")) is not None:
             rest.append(text)
+        return rest
+
+    def _next(self, deadline: float, within: float, what: str) -> str | None:
+        """The next line (None: the output ended), which must come before ``deadline``."""
+        try:
+            text = self._lines.get(timeout=max(deadline - time.monotonic(), 0))
+        except queue.Empty:
+            pytest.fail(f"{what}: not within {within} s:\n{self.text}")
+        if text is not None:
+            self.seen.append(text)
+        return text
 
     @property
     def text(self) -> str:

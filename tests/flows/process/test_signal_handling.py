@@ -4,10 +4,7 @@ says how to go on. The whole runs are in tests/flows/test_signals.py (system tie
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +19,7 @@ from flows.process.signals import (
     interruptible,
     signal_number,
 )
-from tests.helpers.paths import REPO
+from tests.helpers.fresh_python import fresh_python_run
 
 AGAIN = ["offmeta", "run", "--config", "my run.yaml", "--set", "training.iterations=8"]
 
@@ -145,12 +142,5 @@ def test_a_served_runs_process_a_signal_ended_leaves_with_its_status(
         "except RunInterrupted:\n"
         "    print('ended')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = fresh_python_run(code, timeout=60)
     assert (result.returncode, result.stdout) == (status, "ended\n"), result.stderr

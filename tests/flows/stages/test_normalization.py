@@ -111,22 +111,33 @@ def test_a_consumer_in_a_fresh_process_passes_raw_observations(configs, tmp_path
     _publish(tmp_path, trained)
     support = {k: v[1].tolist() for k, v in raw["support"][MODULE].items()}
     obs = raw["query"][MODULE]["obs"][1]
-    printed = fresh_python(
-        "import json, torch\n"
-        "from pipeline.consumer import load_learner, predict\n"
-        f"learner = load_learner('robot@latest', root={str(tmp_path)!r})\n"
-        f"support = {{k: torch.tensor(v, dtype=torch.float64) for k, v in {support!r}.items()}}\n"
-        f"adapted = learner.adapt(None, {{{MODULE!r}: support}})\n"
-        f"obs = torch.tensor({obs.tolist()!r}, dtype=torch.float64)\n"
-        "print(json.dumps(predict(learner, obs, params=adapted).tolist()))\n"
-        f"print(json.dumps(learner.config.modules[{MODULE!r}].input_stats.mean))\n"
+    printed, stats_there = predicted_in_a_fresh_process(
+        tmp_path, MODULE, support, obs, f"learner.config.modules[{MODULE!r}].input_stats.mean"
     )
-    printed, stats_there = printed.splitlines()
     adapted = trained.adapt(None, {MODULE: {k: v[1] for k, v in raw["support"][MODULE].items()}})
     expected = predict(trained, obs, params=adapted)
     found_there = torch.tensor(json.loads(printed), dtype=torch.float64)
     torch.testing.assert_close(found_there, expected, rtol=0, atol=TOLERANCE)
     assert json.loads(stats_there) == list(found.mean)
+
+
+def predicted_in_a_fresh_process(
+    root: Path, module: str, support: dict[str, list], obs: torch.Tensor, *also: str
+) -> list[str]:
+    """What a consumer in a fresh process prints: ``robot@latest`` from the store at ``root``,
+    adapted on ``support`` (raw columns, float64), its prediction for ``obs`` (a dict of
+    outputs for a head that gives several) as JSON, then each expression of ``also``."""
+    return fresh_python(
+        "import json, torch\n"
+        "from pipeline.consumer import load_learner, predict\n"
+        f"learner = load_learner('robot@latest', root={str(root)!r})\n"
+        f"support = {{k: torch.tensor(v, dtype=torch.float64) for k, v in {support!r}.items()}}\n"
+        f"adapted = learner.adapt(None, {{{module!r}: support}})\n"
+        f"obs = torch.tensor({obs.tolist()!r}, dtype=torch.float64)\n"
+        "out = predict(learner, obs, params=adapted)\n"
+        "out = {k: v.tolist() for k, v in out.items()} if isinstance(out, dict) else out.tolist()\n"
+        "print(json.dumps(out))\n" + "".join(f"print(json.dumps({e}))\n" for e in also)
+    ).splitlines()
 
 
 def _without_input_stats(json_bytes: bytes) -> bytes:

@@ -15,8 +15,11 @@ from flows.stages.datasets import inspect_datasets
 from flows.stages.normalization import learner_config
 from learners import MetaLearner
 from pipeline.consumer import load_learner, predict
-from tests.flows.stages.test_normalization import TOLERANCE, _publish
-from tests.helpers.fresh_python import fresh_python
+from tests.flows.stages.test_normalization import (
+    TOLERANCE,
+    _publish,
+    predicted_in_a_fresh_process,
+)
 from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.timeout(300)
@@ -121,18 +124,10 @@ def test_a_consumer_in_a_fresh_process_passes_raw_rewards(configs, tmp_path) -> 
     _publish(tmp_path, trained)
     support = {k: v[1].tolist() for k, v in raw["support"][POLICY].items()}
     obs = raw["query"][POLICY]["obs"][1]
-    printed = fresh_python(
-        "import json, torch\n"
-        "from pipeline.consumer import load_learner, predict\n"
-        f"learner = load_learner('robot@latest', root={str(tmp_path)!r})\n"
-        f"support = {{k: torch.tensor(v, dtype=torch.float64) for k, v in {support!r}.items()}}\n"
-        f"adapted = learner.adapt(None, {{{POLICY!r}: support}})\n"
-        f"obs = torch.tensor({obs.tolist()!r}, dtype=torch.float64)\n"
-        f"print(json.dumps(predict(learner, obs, params=adapted)['mean'].tolist()))\n"
-    )
+    [printed] = predicted_in_a_fresh_process(tmp_path, POLICY, support, obs)
     adapted = trained.adapt(None, {POLICY: {k: v[1] for k, v in raw["support"][POLICY].items()}})
     expected = predict(trained, obs, params=adapted)["mean"]
-    found = torch.tensor(json.loads(printed), dtype=F64)
+    found = torch.tensor(json.loads(printed)["mean"], dtype=F64)
     torch.testing.assert_close(found, expected, rtol=0, atol=TOLERANCE)
     # Raw rewards matter: the same support with standardised rewards gives another latent.
     scaled = _standardized(raw, stats)["support"][POLICY]
