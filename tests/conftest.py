@@ -3,13 +3,16 @@ loopback MLflow server."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
-# Set before Prefect or Ray is imported anywhere in the test process.
+# Set before Prefect or Ray is imported anywhere in the test process; removed as it exits.
 _PREFECT_HOME = tempfile.mkdtemp(prefix="offmeta-prefect-")
+atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", "")

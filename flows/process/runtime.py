@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from flows.config import RayConfig
+from flows.process.ray_start import start_with_retries
 from pipeline.reads.ray_logging import quiet_ray, verbose
 
 QUIET_ENVIRONMENT = {
@@ -139,10 +140,13 @@ _started_for_the_flow: RayStart | None = None
 
 
 def _init_ray(config: RayConfig) -> None:
+    """Start (or join, with ``config.address``) Ray; a local start that runs out of Ray's
+    fixed 30 s on a loaded machine is tried again (``flows.process.ray_start``)."""
     import ray
 
     quiet = not verbose()
-    with _sigterm_handler_kept():
+
+    def start() -> None:
         ray.init(
             # "local" starts a fresh instance even if `ray start` left a cluster address behind.
             address=config.address or "local",
@@ -152,6 +156,12 @@ def _init_ray(config: RayConfig) -> None:
             log_to_driver=not quiet,
             logging_level=logging.WARNING if quiet else logging.INFO,
         )
+
+    with _sigterm_handler_kept():
+        if config.address in (None, "local"):
+            start_with_retries(start)
+        else:
+            start()
 
 
 @contextlib.contextmanager

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.process.ray_start import descendants
 from tests.helpers.paths import REPO
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -72,7 +73,7 @@ class WorkerNode:
 
     def raylet_pid(self) -> int:
         """The pid of this node's raylet (killing it takes the node out of the cluster)."""
-        for pid in _descendants(self.process.pid):
+        for pid in descendants(self.process.pid):
             if Path(f"/proc/{pid}/exe").resolve().name == "raylet":
                 return pid
         raise RuntimeError(f"worker node {self.process.pid} has no raylet; see {self.log}")
@@ -260,21 +261,6 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait(timeout=_STOP_TIMEOUT_S)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _free_port() -> int:
