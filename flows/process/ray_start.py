@@ -13,6 +13,7 @@ may start its server, while Ray starts) by their command lines, which name Ray's
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import sys
@@ -100,9 +101,10 @@ def _command_line(pid: int) -> str:
 
 
 def _installed_ray() -> Path:
-    import ray
-
-    return Path(ray.__file__).parent
+    spec = importlib.util.find_spec("ray")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("ray is not installed")
+    return Path(spec.submodule_search_locations[0])
 
 
 def kill(pids: list[int]) -> None:

@@ -1,15 +1,10 @@
-"""A local Ray start that runs out of Ray's fixed 30 s is started again, and what the failed
-start left is stopped; other children of the process, and other errors, are left alone.
-
-The start here stands in for ``ray.init`` (a second local Ray cannot start inside the test
-session's): it spawns real processes as Ray's start does and raises Ray's own error text.
-"""
+"""Which errors of a local Ray start are tried again, and how often
+(``flows/process/ray_start.py``; what a failed start leaves is stopped:
+``test_ray_start_cleanup.py``, a system test). The start here stands in for ``ray.init``: a
+second local Ray cannot start inside the test session's."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,52 +17,6 @@ RAY_ERROR = (
     "The current node timed out during startup. This could happen because some of the raylet "
     "failed to startup or the GCS has become overloaded."
 )
-
-
-@pytest.fixture
-def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes a test starts; each still running at the end is killed."""
-    processes: list[subprocess.Popen[bytes]] = []
-    yield processes
-    for process in processes:
-        process.kill()
-        process.wait(timeout=10)
-
-
-def _sleeper(*argv: str) -> list[str]:
-    """A process that sleeps for a minute with ``argv`` on its command line."""
-    return [sys.executable, "-c", "import time; time.sleep(60)", *argv]
-
-
-def test_a_start_that_timed_out_is_started_again_and_its_processes_are_stopped(
-    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
-) -> None:
-    package = tmp_path / "site-packages" / "ray"
-    said: list[str] = []
-    attempts: list[int] = []
-
-    def start() -> None:
-        attempts.append(len(attempts) + 1)
-        if len(attempts) == 1:
-            # What Ray's failed start leaves: its GCS and raylet, named by Ray's package path;
-            # beside them, a process of someone else's started meanwhile.
-            spawned.append(subprocess.Popen(_sleeper(f"{package}/core/gcs_server")))
-            spawned.append(subprocess.Popen(_sleeper(f"{package}/core/raylet")))
-            spawned.append(subprocess.Popen(_sleeper("prefect", "server")))
-            raise Exception(RAY_ERROR)
-
-    start_with_retries(start, say=said.append, ray_package=package)
-
-    assert attempts == [1, 2]
-    gcs, raylet, other = spawned
-    assert gcs.wait(timeout=10) == -9
-    assert raylet.wait(timeout=10) == -9
-    assert other.poll() is None
-    assert len(said) == 1
-    assert said[0].startswith("Ray did not start within its 30 s (1-minute load ")
-    assert said[0].endswith(
-        "); stopped the 2 process(es) it left and starting it again (attempt 2 of 3)"
-    )
 
 
 def test_other_errors_are_raised_at_once() -> None:
@@ -91,3 +40,11 @@ def test_the_last_attempts_timeout_is_raised() -> None:
     with pytest.raises(Exception, match=RAY_START_TIMEOUT):
         start_with_retries(start, attempts=3, say=said.append)
     assert [line[-16:] for line in said] == ["(attempt 2 of 3)", "(attempt 3 of 3)"]
+
+
+def test_the_processes_of_a_failed_start_are_told_by_the_installed_ray_package() -> None:
+    import ray
+
+    from flows.process.ray_start import _installed_ray
+
+    assert _installed_ray() == Path(ray.__file__).parent
