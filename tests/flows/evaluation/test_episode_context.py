@@ -87,7 +87,8 @@ def test_every_algorithm_trains_on_episodes_and_adapts_on_offline_and_online_con
         )
     )
     online = evaluate(online_cfg, trained.learner_state, datasets.heldout)
-    assert online.context == "online: 2 exploration episode(s) x 20 steps per task"
+    # The default explores with the posterior: episode 2 by the policy adapted on episode 1.
+    assert online.context == "online: 2 exploration episode(s) x 20 steps per task, posterior"
     assert online.support == 2 * EPISODE_STEPS
     assert set(online.returns) >= {"unadapted", "adapted"}
     # The same query transitions, another support set: the unadapted loss is the same.
