@@ -407,15 +407,16 @@ class EvaluationConfig(BaseModel):
         "its first tasks.support_window steps (or all of the shortest episode's length).",
     )
     context_explore: ContextExplore = Field(
-        "posterior",
+        "prior",
         description="Which policy runs the exploration episodes of context: online. prior: "
         "the unadapted policy, every episode. posterior (PEARL's sequential posterior "
         "sampling): episode 1 the unadapted policy, episode k the policy adapted "
         "(rollout_adapt_steps, the learner's own adapt) on the windows of episodes 1..k-1 of "
-        "the same task. The default: a learner that reads rewards (a context encoder, MACAW) "
-        "gathers later episodes where its task belongs, context like the recorded data it "
-        "trained on, instead of the unadapted policy's average place; with one episode both "
-        "are the same (docs/episodes.md#online-context).",
+        "the same task. prior is the default: posterior feeds the learner's guess back into "
+        "its context, and an encoder that reads actions (as the shipped context configs do) "
+        "then reads its own adapted actions, which echo that guess instead of telling the "
+        "task; posterior is for learners that tell the task from rewards alone. With one "
+        "episode both are the same (docs/episodes.md#online-context).",
     )
     env: str | None = Field(
         None,
