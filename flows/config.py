@@ -100,6 +100,9 @@ class EpisodesWhereConfig(BaseModel):
 NormalizedColumn = Literal["obs", "rewards", "returns"]
 """What ``data.normalize`` may name (docs/normalization.md)."""
 
+ContextExplore = Literal["prior", "posterior"]
+"""Which policy explores a held-out task for ``evaluation.context: online``."""
+
 
 class DataConfig(BaseModel):
     """Where the episodes are. Paths are relative to the working directory of the run."""
@@ -393,14 +396,27 @@ class EvaluationConfig(BaseModel):
         "offline",
         description="Where a held-out task's support set (its context) comes from: offline, "
         "the task's recorded data (as tasks.support_from draws it); online, context_episodes "
-        "episodes the unadapted policy runs in the task's environment (evaluation.env), "
-        "recorded as transitions (docs/episodes.md#online-context).",
+        "exploration episodes in the task's environment (evaluation.env; context_explore "
+        "says which policy runs them), recorded as transitions "
+        "(docs/episodes.md#online-context).",
     )
     context_episodes: int = Field(
         1,
         ge=1,
         description="Exploration episodes per held-out task with context: online; each gives "
         "its first tasks.support_window steps (or all of the shortest episode's length).",
+    )
+    context_explore: ContextExplore = Field(
+        "prior",
+        description="Which policy runs the exploration episodes of context: online. prior: "
+        "the unadapted policy, every episode. posterior (PEARL's sequential posterior "
+        "sampling): episode 1 the unadapted policy, episode k the policy adapted "
+        "(rollout_adapt_steps, the learner's own adapt) on the windows of episodes 1..k-1 of "
+        "the same task. prior is the default: posterior feeds the learner's guess back into "
+        "its context, and an encoder that reads actions (as the shipped context configs do) "
+        "then reads its own adapted actions, which echo that guess instead of telling the "
+        "task; posterior is for learners that tell the task from rewards alone. With one "
+        "episode both are the same (docs/episodes.md#online-context).",
     )
     env: str | None = Field(
         None,

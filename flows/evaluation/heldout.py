@@ -18,8 +18,9 @@ drawn with ``evaluation.seed``, so every task weighs the same and reruns agree. 
 set (the task's *context*) is of the kind training used (``tasks.support_from``: random
 transitions, or episodes of the task with the query from its other episodes), drawn from the
 held-out task's recorded data; with ``evaluation.context: online`` it is collected instead
-by exploration episodes of the unadapted policy in the task's environment
-(``flows.evaluation.online_context``). ``EvaluationReport.context`` says which.
+by exploration episodes in the task's environment, of the unadapted policy or of the policy
+adapted on the task's earlier exploration episodes (``evaluation.context_explore``,
+``flows.evaluation.online_context``). ``EvaluationReport.context`` says which.
 """
 
 from __future__ import annotations

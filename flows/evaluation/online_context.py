@@ -1,65 +1,46 @@
 """Context collected in the simulator: ``evaluation.context: online``.
 
-Before a held-out task is adapted to, the unadapted policy (the meta-parameters, before any
-inner step) runs ``evaluation.context_episodes`` exploration episodes in the task's
-environment, its actions sampled from the policy head (the mean for heads without a
-distribution). Every step is recorded as a transition, ``obs, actions, rewards, new_obs,
-terminateds, truncateds``, with ``returns`` / ``returns_truncated`` derived per recorded
-episode with ``data.gamma`` (as at ingest), and these transitions are the task's support
-set: the learner adapts on them through the same ``adapt`` it uses on recorded data, so the
-protocol holds for every algorithm.
+Before a held-out task is adapted to, ``evaluation.context_episodes`` exploration episodes
+run in the task's environment, actions sampled from the policy head (the mean for heads
+without a distribution), every step recorded as a transition, and these transitions are the
+task's support set (``flows.evaluation.exploration_steps``: each episode's first L steps,
+K = ``context_episodes`` x L). The learner adapts on them through the same ``adapt`` it uses
+on recorded data, so the protocol holds for every algorithm.
 
-Vmap needs one support size for every task: each episode gives its first L steps, L =
-``tasks.support_window`` when every exploration episode is at least that long, otherwise
-the shortest exploration episode's length, so K = ``context_episodes`` x L (fixed-horizon
-environments give whole episodes). Exploration starts from ``evaluation.seed + 1``, so its
-episodes differ from the evaluation rollouts' starts (``evaluation.seed``).
+Which policy explores is ``evaluation.context_explore``:
+
+- ``prior``: the unadapted policy (the meta-parameters, before any inner step) runs every
+  episode, all in one ``roll_out``;
+- ``posterior`` (PEARL's sequential posterior sampling): episode 1 is the unadapted
+  policy's; before episode k each task's policy is adapted on its episodes 1..k-1, cut as the
+  final support set is cut (the first L_k steps of each, L_k by the same rule over those
+  episodes), so the adaptation sees the shapes the learner trained on. The adaptation is the
+  rollouts' own (``task_rollouts.adapt_tasks`` with ``rollout_adapt_steps``), the episodes
+  rolled out as the adapted policy's are (``PolicyActions.per_episode``).
+
+Exploration starts come from one generator seeded with ``evaluation.seed + 1``, so they
+differ from the evaluation rollouts' starts (``evaluation.seed``); ``posterior`` draws the
+starts of episode k after those of episode k-1, so with one episode both give the same
+support set.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
-from flows.config import MetaTrainConfig
+from flows.config import ContextExplore, MetaTrainConfig
 from flows.evaluation.environments import HeldoutEnvs
-from flows.evaluation.rollouts import PolicyActions, roll_out
+from flows.evaluation.exploration_steps import Recorder, Windows, support_windows
+from flows.evaluation.rollouts import Policy, PolicyActions, roll_out
+from flows.evaluation.task_rollouts import adapt_tasks
 from learners.meta.learner import MetaLearner
 from learners.models.factory import build_model
 from pipeline.contract.schema import ObservationLayout
-from pipeline.reads.returns import discounted_returns
-from pipeline.streams.collate import Batch, finalize, gather
-
-RECORDED = ("obs", "actions", "rewards", "new_obs", "terminateds", "truncateds")
-"""The columns an exploration step records."""
-DERIVED = ("returns", "returns_truncated")
-
-
-class _Recorder(gym.Wrapper):
-    """Records every transition of the episode it runs."""
-
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        self.steps: dict[str, list[Any]] = {name: [] for name in RECORDED}
-        self._obs: Any = None
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        self._obs, info = self.env.reset(**kwargs)
-        return self._obs, info
-
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        new_obs, reward, terminated, truncated, info = self.env.step(action)
-        for name, value in zip(
-            RECORDED, (self._obs, action, reward, new_obs, terminated, truncated), strict=True
-        ):
-            self.steps[name].append(value)
-        self._obs = new_obs
-        return new_obs, reward, terminated, truncated, info
+from pipeline.streams.collate import Batch
 
 
 @dataclass(frozen=True)
@@ -71,11 +52,16 @@ class OnlineContext:
     episodes: int
     steps: int
     """Steps each exploration episode gives (K = episodes x steps)."""
+    explore: ContextExplore
+    """Which policy explored (``evaluation.context_explore``)."""
     lengths: list[int] = field(default_factory=list)
     """Every exploration episode's full length, task-major."""
 
     def describe(self) -> str:
-        return f"online: {self.episodes} exploration episode(s) x {self.steps} steps per task"
+        return (
+            f"online: {self.episodes} exploration episode(s) x {self.steps} steps per task, "
+            f"{self.explore}"
+        )
 
 
 def collect_online_context(
@@ -87,50 +73,51 @@ def collect_online_context(
     *,
     obs_layout: ObservationLayout | None = None,
 ) -> OnlineContext:
-    """Exploration episodes of the unadapted policy in each of ``task_ids`` as support sets
-    (module docstring); ``like``: the held-out samples' arrays, whose columns (those recorded
-    or derived) and dtypes the support sets take."""
+    """Exploration episodes in each of ``task_ids`` as support sets (module docstring);
+    ``like``: the held-out samples' arrays, whose columns (those recorded or derived) and
+    dtypes the support sets take."""
     settings = cfg.evaluation
-    (module,) = learner.config.data_modules
-    wanted = [name for name in like if name in RECORDED or name in DERIVED]
+    (data_module,) = learner.config.data_modules
+    module = learner.config.rollout_module
     count = settings.context_episodes
-    rows = [_Recorder(envs.make(task_id)) for task_id in task_ids for _ in range(count)]
+    episodes = [[Recorder(envs.make(task_id)) for _ in range(count)] for task_id in task_ids]
     model = build_model(learner.config.modules[module]).to(learner.device)
     generator = torch.Generator(device=learner.device).manual_seed(settings.seed + 1)
-    actions = PolicyActions(model, rows[0].action_space, True, generator, obs_layout=obs_layout)
+    space = episodes[0][0].action_space
+    actions = PolicyActions(model, space, True, generator, obs_layout=obs_layout)
     meta = {name: p.detach() for name, p in learner.meta_params[module].items()}
-    result = roll_out(
-        rows, actions.shared(meta), seed=settings.seed + 1, max_steps=settings.max_episode_steps
-    )
-    for env in rows:
-        env.close()
-    lengths = result.lengths.tolist()
-    if min(lengths) == 0:
-        raise ValueError(
-            "evaluation.context online: an exploration episode ended before its first step; "
-            "expected every episode to take at least one step"
+    unadapted = actions.shared(meta)
+    starts = np.random.default_rng(settings.seed + 1)
+    steps = settings.max_episode_steps
+
+    def cut(recorded: Sequence[Sequence[Recorder]]) -> Windows:
+        return support_windows(
+            recorded,
+            module=data_module,
+            window=cfg.tasks.support_window,
+            gamma=cfg.data.gamma,
+            like=like,
+            device=learner.device,
+            obs_layout=obs_layout,
         )
-    window = cfg.tasks.support_window
-    steps = window if window is not None and min(lengths) >= window else min(lengths)
-    columns = _columns(rows, cfg.data.gamma)
-    starts = np.cumsum([0, *lengths[:-1]])
-    index = (starts[:, None] + np.arange(steps)).reshape(len(task_ids), count * steps)
-    batch = {
-        name: gather(np.asarray(columns[name], dtype=like[name].dtype), index) for name in wanted
-    }
-    support = finalize({module: batch}, learner.device, obs_layout=obs_layout)
-    return OnlineContext(support=support, episodes=count, steps=steps, lengths=lengths)
 
-
-def _columns(recorders: Sequence[_Recorder], gamma: float) -> dict[str, np.ndarray]:
-    """Every recorded step of ``recorders`` (episode after episode), and the derived
-    columns."""
-    columns = {
-        name: np.asarray([value for r in recorders for value in r.steps[name]]) for name in RECORDED
-    }
-    lengths = np.array([len(r.steps["rewards"]) for r in recorders])
-    starts = np.cumsum(np.concatenate(([0], lengths[:-1])))
-    columns["returns"] = discounted_returns(columns["rewards"].astype(np.float64), starts, gamma)
-    terminated = columns["terminateds"].astype(bool)[starts + lengths - 1]
-    columns["returns_truncated"] = np.repeat(~terminated, lengths)
-    return columns
+    if settings.context_explore == "prior":
+        roll_out([r for task in episodes for r in task], unadapted, seed=starts, max_steps=steps)
+    else:
+        for episode in range(count):
+            policy: Policy = unadapted
+            if episode > 0:
+                so_far = cut([task[:episode] for task in episodes]).support
+                adapted = adapt_tasks(learner, module, so_far, settings.rollout_adapt_steps)
+                policy = actions.per_episode(adapted)
+            roll_out([task[episode] for task in episodes], policy, seed=starts, max_steps=steps)
+    for recorder in (r for task in episodes for r in task):
+        recorder.close()
+    final = cut(episodes)
+    return OnlineContext(
+        support=final.support,
+        episodes=count,
+        steps=final.steps,
+        explore=settings.context_explore,
+        lengths=[r.length for task in episodes for r in task],
+    )

@@ -65,10 +65,12 @@ class RolloutResult(NamedTuple):
 
 
 def roll_out(
-    envs: Sequence[gym.Env], policy: Policy, *, seed: int, max_steps: int
+    envs: Sequence[gym.Env], policy: Policy, *, seed: int | np.random.Generator, max_steps: int
 ) -> RolloutResult:
     """One episode of ``policy`` in each of ``envs`` (see the module docstring); episodes
-    still running after ``max_steps`` steps are cut there."""
+    still running after ``max_steps`` steps are cut there. A generator as ``seed`` is used as
+    it is, so episodes rolled out one batch after another draw on from where the last
+    batch stopped."""
     rng = np.random.default_rng(seed)
     obs, infos = [], []
     for env in envs:

@@ -106,7 +106,7 @@ def roll_out_tasks(
     observations share (they reach the policy as the batches do, ``pipeline.streams.collate``)."""
     module = learner.config.rollout_module
     model = build_model(learner.config.modules[module]).to(learner.device)
-    adapted = _adapted(learner, module, meta_batch["support"], settings.rollout_adapt_steps)
+    adapted = adapt_tasks(learner, module, meta_batch["support"], settings.rollout_adapt_steps)
     meta = {name: p.detach() for name, p in learner.meta_params[module].items()}
     episodes = settings.rollout_episodes
     rows = [envs.make(task_id) for task_id in task_ids for _ in range(episodes)]
@@ -132,12 +132,14 @@ def roll_out_tasks(
     return TaskRollouts(policies=policies, results=results)
 
 
-def _adapted(
+def adapt_tasks(
     learner: MetaLearner, module: str, support: Mapping[str, Any], steps: int
 ) -> dict[str, torch.Tensor]:
     """``module``'s parameters adapted to each task of ``support`` (``[tasks, ...]`` per name):
     one vmapped ``adapt`` (the learner's per-task loop under ``vectorize: loop``). Under
-    ``inner.nonfinite: error`` a non-finite update raises, as ``adapt`` of one task does."""
+    ``inner.nonfinite: error`` a non-finite update raises, as ``adapt`` of one task does.
+    The rollouts' adapted policy and the posterior exploration of online context
+    (``flows.evaluation.online_context``) both adapt through it."""
     if learner.config.vectorize != "vmap":
         tasks = next(iter(next(iter(support.values())).values())).shape[0]
         per_task = [

@@ -129,6 +129,10 @@ def test_learners_section_is_a_meta_config_plus_placement() -> None:
             "data.check_values: Input should be 'full', 'sample' or 'off' (got 'fast')",
         ),
         (
+            ["evaluation.context_explore=greedy"],
+            "evaluation.context_explore: Input should be 'prior' or 'posterior' (got 'greedy')",
+        ),
+        (
             ["data.validation_memory_mb=0"],
             "data.validation_memory_mb: Input should be greater than 0 (got 0)",
         ),

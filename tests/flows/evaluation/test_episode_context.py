@@ -1,6 +1,7 @@
 """Episodes as context, with every algorithm: training on support sets of episodes, held-out
 adaptation on the held-out task's recorded episodes (``evaluation.context: offline``) or on
-exploration episodes in its environment (``online``), checks before Ray, and a resumed run
+exploration episodes in its environment (``online``, explored with the prior or the
+posterior), checks before Ray, and a resumed run
 with episode supports that ends as an uninterrupted one.
 
 A tiny point robot (6 train and 3 held-out goals, 3 episodes of 20 steps each), networks of
@@ -87,11 +88,28 @@ def test_every_algorithm_trains_on_episodes_and_adapts_on_offline_and_online_con
         )
     )
     online = evaluate(online_cfg, trained.learner_state, datasets.heldout)
-    assert online.context == "online: 2 exploration episode(s) x 20 steps per task"
+    # The report names the policy that explored (the default: the unadapted one).
+    assert online.context == "online: 2 exploration episode(s) x 20 steps per task, prior"
     assert online.support == 2 * EPISODE_STEPS
     assert set(online.returns) >= {"unadapted", "adapted"}
     # The same query transitions, another support set: the unadapted loss is the same.
     assert online.query_loss[0] == pytest.approx(offline.query_loss[0], rel=1e-6)
+
+    # Episode 2 by the policy adapted on episode 1, through this algorithm's own adapt.
+    posterior_cfg = validate_config(
+        _document(
+            data,
+            tmp_path,
+            algorithm,
+            "evaluation.context=online",
+            "evaluation.context_episodes=2",
+            "evaluation.context_explore=posterior",
+        )
+    )
+    posterior = evaluate(posterior_cfg, trained.learner_state, datasets.heldout)
+    assert posterior.context == "online: 2 exploration episode(s) x 20 steps per task, posterior"
+    assert posterior.support == 2 * EPISODE_STEPS
+    assert posterior.query_loss[0] == pytest.approx(offline.query_loss[0], rel=1e-6)
 
 
 @pytest.mark.timeout(120)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flows.evaluation.task_rollouts import _adapted
+from flows.evaluation.task_rollouts import adapt_tasks
 from learners import MetaLearner, NonFiniteGradientError
 from learners.meta.meta_batch import task_slice
 from tests.helpers.tolerances import largest, rounding_tolerance, trajectory_tolerance
@@ -32,7 +32,7 @@ def test_every_task_is_adapted_as_its_own_adapt_adapts_it(vectorize: str) -> Non
     learner = _learner()
     learner.config = learner.config.model_copy(update={"vectorize": vectorize})
     support = _support()
-    adapted = _adapted(learner, "default_policy", support, STEPS)
+    adapted = adapt_tasks(learner, "default_policy", support, STEPS)
     for task in range(TASKS):
         alone = learner.adapt(None, task_slice(support, task), STEPS)["default_policy"]
         for name, value in alone.items():
@@ -52,7 +52,7 @@ def test_every_task_is_adapted_as_its_own_adapt_adapts_it(vectorize: str) -> Non
 def test_a_non_finite_update_raises_as_adapt_does() -> None:
     learner = _learner(lr=1e30)
     with pytest.raises(NonFiniteGradientError) as raised:
-        _adapted(learner, "default_policy", _support(scale=1e20), STEPS)
+        adapt_tasks(learner, "default_policy", _support(scale=1e20), STEPS)
     assert str(raised.value) == (
         "non-finite inner gradient for module 'default_policy': the updated parameters of "
         f"{TASKS} held-out task(s) are non-finite; lower inner.lr, set inner.clip_norm, or "
@@ -73,7 +73,7 @@ def test_a_context_learner_rolls_out_each_task_with_its_own_latent() -> None:
     rows["new_obs"] = torch.randn(TASKS, ROWS, 2, generator=g)
     support = {"default_policy": {**_support()["default_policy"], **rows}}
     module = learner.config.rollout_module
-    adapted = _adapted(learner, module, support, 1)
+    adapted = adapt_tasks(learner, module, support, 1)
     for task in range(TASKS):
         alone = learner.adapt(None, task_slice(support, task))[module]
         # The mean of 10 codes of a 7-8-3 net and the prior: some 60 rounded operations on
