@@ -69,6 +69,7 @@ def checkpoint_curve(
     as ``cfg`` selects it and ``cfg.evaluation`` evaluates; by iteration, each point with the
     evaluation's context (``offline: ...``, ``online: ...``)."""
     from flows.evaluation.heldout import evaluate
+    from flows.process.runtime import torch_threads
     from flows.stages.datasets import episode_filter
     from pipeline.io.checkpoints import read_shard
     from pipeline.reads.episodes import read_episodes
@@ -83,7 +84,11 @@ def checkpoint_curve(
     points = []
     for directory in kept[-1:] if final_only else kept:
         lead = read_shard(directory, 0)
-        report = evaluate(cfg, lead["learner"], heldout)
+        # With the run's intra-op threads, as offmeta run evaluates: with torch's default (2
+        # here) a batch-1 layer of the rollouts took 7 ms on the busy 2-core machine, and
+        # the policy's forward passes most of the online evaluation's time.
+        with torch_threads(cfg.training.torch_threads):
+            report = evaluate(cfg, lead["learner"], heldout)
         metrics = report.metrics()
         points.append(
             {
