@@ -674,7 +674,8 @@ PUBLISHED = (
     "skills, data from SAC runs or scripted experts with 45 trajectories per goal kept by "
     "success, online few-shot adaptation episodes; here v3 skills, 12 recorded episodes per "
     "goal of mixed quality, adaptation on K offline support transitions of the held-out goal "
-    "(the given-context setting)."
+    "(the given-context setting). Recording (b) follows their data protocol and reports "
+    "normalised returns ([its table](#results-b))."
 )
 
 

@@ -286,7 +286,7 @@ def _rows(skill: str, label: str, group: list[dict[str, Any]], notes: list[str])
     rows = [
         f"| {skill} | behaviour data (held-out goals) | | 1.00 | {dataset['success']:.2f} | "
         f"{dataset['success_final']:.2f} | {dataset['return']:.0f} | | |",
-        _row(skill, "scripted expert", "", details, "expert"),
+        _row(skill, "scripted expert", "none (given the goal)", details, "expert"),
         _row(skill, f"{label}, unadapted", "none (the prior)", details, "unadapted"),
         _row(skill, f"{label}, adapted", "offline", details, "adapted", wall=_wall(chosen)),
     ]
@@ -320,7 +320,7 @@ def _rows(skill: str, label: str, group: list[dict[str, Any]], notes: list[str])
 def online_context(by_online: Mapping[str, Mapping[int, dict[str, Any]]]) -> str:
     """The online evaluations' context lines, as the reports wrote them."""
     lines = {
-        record["details"]["online"]["context"]
+        record["details"]["online"]["context"].removeprefix("online: ")
         for seeds in by_online.values()
         for record in seeds.values()
     }
