@@ -236,10 +236,11 @@ def render_published(records: list[dict[str, Any]], labels: Mapping[str, str]) -
         [
             *lines,
             "",
-            "Normalised return: the policy's return on a held-out goal (one 500-step episode) "
-            "over the mean return of that recording's held-out episodes (the behaviour data row, "
-            "1.00 by definition); mean ± standard error over seeds. Context offline: one recorded "
-            "episode of the held-out goal (the config's window); online: exploration episodes "
+            "Normalised return: the policy's mean return over the held-out goals (one 500-step "
+            "episode each) over the mean return of that recording's held-out episodes (the "
+            "behaviour data row, 1.00 by definition); mean ± standard error over seeds. "
+            "Context offline: one recorded episode of the held-out goal (the config's window); "
+            "online: exploration episodes "
             "of the unadapted policy in the simulator (docs/episodes.md#online-context), the "
             f"same trained parameters. Machine: {machine['cpu']}, {machine['cores']} cores, no "
             "GPU; the wall column: the whole `offmeta run` (train and evaluate stages, training "
