@@ -18,9 +18,18 @@ trained and evaluated through ``offmeta run``, 3 seeds each.
    in standard errors of the difference (target >= 2). ``bench/readme_table.py`` builds the
    results table of docs/metaworld.md from them.
 
+4. Recording (b), the published protocol (``--recording b``, bench/metaworld_published.py):
+   the records name the recording, every run's returns are normalised by the held-out
+   episodes' mean return (those ``data.episodes_where.heldout`` keeps), and with ``--online``
+   each finished run's final checkpoint is evaluated again with context collected online
+   (``--online-set KEY=VALUE`` over ``evaluation.context=online``,
+   ``evaluation.context_episodes=5``), recorded in the run's record beside its offline
+   figures; the summaries are the normalised returns over seeds.
+
 Run: ``.venv/bin/python bench/metaworld.py [--skills reach push] [--algorithms maml macaw]
-[--seeds 0 1 2] [--iterations N] [--data DIR] [--work DIR] [--no-record]``. Needs metaworld
-in the environment (the ``test`` extra). About 3-6 minutes per run on the 2-core machine.
+[--seeds 0 1 2] [--iterations N] [--data DIR] [--work DIR] [--recording a|b] [--online]
+[--online-set KEY=VALUE] [--no-record]``. Needs metaworld in the environment (the ``test``
+extra). About 3-6 minutes per run of recording (a) on the 2-core machine.
 """
 
 from __future__ import annotations
@@ -34,9 +43,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pipeline.reads.selection import EpisodeFilter
 
 # Run as a script, this folder comes first on sys.path and bench/learners.py would shadow the
 # `learners` package; the repository root must come first.
@@ -44,7 +56,15 @@ import numpy as np
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.metaworld_validation import validation_curve, validation_goals, validation_split  # noqa: E402
+from bench.metaworld_published import (  # noqa: E402
+    ONLINE_DEFAULTS,
+    RECORDINGS,
+    check_recording,
+    evaluate_online,
+    normalised,
+    record_summary,
+)
+from bench.metaworld_validation import checkpoint_curve, validation_goals, validation_split  # noqa: E402
 from bench.records import Baseline, write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,20 +85,25 @@ _TOOK = re.compile(r"^took .*$", re.MULTILINE)
 _RATE = re.compile(r"iteration (\d+)/(\d+) \([^)]*\) \| ([0-9.]+) it/s")
 
 
-def ensure_data(data: Path, skills: list[str]) -> float:
-    """Record the full sets that are missing; returns the seconds it took (0 when none)."""
+def ensure_data(data: Path, skills: list[str], recording: str = "a") -> float:
+    """Record the full sets of ``recording`` that are missing (bench/metaworld_published.py
+    ``RECORDINGS``) and refuse those recorded otherwise; returns the seconds recording took
+    (0 when none)."""
     missing = [s for s in skills if not (data / s / "heldout" / "dataset.json").is_file()]
-    if not missing:
-        return 0.0
-    print(f"recording the full ML1 sets into {data} (minutes)", flush=True)
     start = time.perf_counter()
-    script = ROOT / "data" / "samples" / "regenerate_metaworld.sh"
-    subprocess.run([str(script), "--full", str(data)], check=True)
-    return time.perf_counter() - start
+    if missing:
+        print(f"recording (in {recording}) the full ML1 sets {missing} into {data} (minutes)")
+        script = ROOT / "data" / "samples" / "regenerate_metaworld.sh"
+        flag = RECORDINGS[recording].flag
+        subprocess.run([str(script), flag, str(data), *missing], check=True)
+    for skill in skills:
+        check_recording(data, skill, recording)
+    return time.perf_counter() - start if missing else 0.0
 
 
-def behaviour_stats(heldout: Path) -> dict[str, float]:
-    """Success (any step, last step) and return of the held-out data's episodes."""
+def behaviour_stats(heldout: Path, where: EpisodeFilter | None = None) -> dict[str, Any]:
+    """Success (any step, last step), return and count of the held-out data's episodes (those
+    ``where`` keeps; the conditions kept under ``where`` in the result)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -87,6 +112,14 @@ def behaviour_stats(heldout: Path) -> dict[str, float]:
     table = pa.concat_tables(
         pq.read_table(path, columns=columns) for path in sorted(heldout.glob("*.parquet"))
     )
+    conditions = None
+    if where is not None:
+        from pipeline.reads.episodes import inspect_episodes
+
+        selection = inspect_episodes(heldout, episodes_where=where, check_values="off").selection
+        assert selection is not None
+        table = selection.keep(table)
+        conditions = selection.summary()["where"]
     episodes = table.column("eps_id").to_numpy()
     order = np.lexsort((table.column("t").to_numpy(), episodes))
     episodes, success = episodes[order], table.column("success").to_numpy()[order]
@@ -98,6 +131,8 @@ def behaviour_stats(heldout: Path) -> dict[str, float]:
         "success": float(np.maximum.reduceat(success.astype(np.int8), starts).mean()),
         "success_final": float(success[ends].mean()),
         "return": float(np.add.reduceat(rewards, starts).mean()),
+        "episodes": len(starts),
+        **({"where": conditions} if conditions is not None else {}),
     }
 
 
@@ -111,11 +146,13 @@ def run_one(
     *,
     extra: dict[str, Any] | None = None,
     tag: str = "",
+    recording: str = "a",
 ) -> dict[str, Any]:
     """One ``offmeta run`` (resumed when ``work`` holds an unfinished one); returns its
-    published metrics, wall time, stage line, training rate and the machine's load."""
-    config = ROOT / "flows" / "configs" / CONFIGS[algorithm].format(skill=skill)
-    out = work / f"{skill}-{algorithm}{tag}-seed{seed}"
+    published metrics, wall time, stage line, training rate and the machine's load, with
+    ``runs`` (its checkpoints) and ``overrides`` (its ``--set`` values)."""
+    config = config_path(skill, algorithm)
+    out = work / f"{skill}-{algorithm}{tag}{'' if recording == 'a' else '-' + recording}-seed{seed}"
     overrides: dict[str, Any] = {
         "data.train": data / skill / "train",
         "data.heldout": data / skill / "heldout",
@@ -127,12 +164,13 @@ def run_one(
     }
     if iterations is not None:
         overrides["training.iterations"] = iterations
+    settings = [f"{key}={value}" for key, value in overrides.items()]
     argv = [str(ROOT / ".venv" / "bin" / "offmeta"), "run", "--config", str(config)]
-    for key, value in overrides.items():
-        argv += ["--set", f"{key}={value}"]
+    for setting in settings:
+        argv += ["--set", setting]
     result = out / "result.json"
     if result.is_file():  # finished before: the bench itself resumes
-        return {**json.loads(result.read_text()), "runs": out / "runs"}
+        return {**json.loads(result.read_text()), "runs": out / "runs", "overrides": settings}
     load_before = os.getloadavg()[0]
     out.mkdir(parents=True, exist_ok=True)
     # offmeta run starts its Ray again when Ray's fixed 30 s start wait runs out on a busy
@@ -140,6 +178,12 @@ def run_one(
     unfinished = [r for r in (out / "runs").glob("*/run.json") if not _finished(r.parent)]
     resume = ["--resume"] if unfinished else []
     start = time.perf_counter()
+    print(
+        f"  {out.name}: offmeta run{' --resume' if resume else ''} started "
+        f"{time.strftime('%H:%M:%S')} at load {load_before:.1f}; progress in "
+        f"{out.with_suffix('.log')}",
+        flush=True,
+    )
     with open(out.with_suffix(".log"), "a") as log:
         done = subprocess.run(
             argv + resume, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env()
@@ -169,7 +213,12 @@ def run_one(
         "argv": argv,
     }
     result.write_text(json.dumps(run, indent=2) + "\n")
-    return {**run, "runs": out / "runs"}
+    return {**run, "runs": out / "runs", "overrides": settings}
+
+
+def config_path(skill: str, algorithm: str) -> Path:
+    """The shipped config of ``skill`` and ``algorithm``."""
+    return ROOT / "flows" / "configs" / CONFIGS[algorithm].format(skill=skill)
 
 
 def _finished(run_dir: Path) -> bool:
@@ -235,6 +284,29 @@ def main() -> None:
     parser.add_argument(
         "--note", default="", help="what else the trial's run differed in (its records say it)"
     )
+    parser.add_argument(
+        "--recording",
+        default="a",
+        choices=list(RECORDINGS),
+        help="which full recording --data holds (checked against its dataset.json; recorded "
+        "when missing): a, mixed behaviours (the default); b, the published protocol "
+        "(regenerate_metaworld.sh --full-published); the records and tables name it",
+    )
+    parser.add_argument(
+        "--online",
+        action="store_true",
+        help="after each run, evaluate its final checkpoint again with context collected "
+        "online (" + ", ".join(f"{k}={v}" for k, v in ONLINE_DEFAULTS.items()) + "), recorded "
+        "beside the run's own offline-context figures",
+    )
+    parser.add_argument(
+        "--online-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an evaluation setting of the online evaluation over its defaults (implies "
+        "--online); a new setting reevaluates finished runs, without training again",
+    )
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument(
         "--summary-only",
@@ -244,8 +316,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     record = not args.no_record
-    recording_s = ensure_data(args.data, args.skills)
+    recording_s = ensure_data(args.data, args.skills, args.recording)
     trial = dict(override.split("=", 1) for override in args.overrides)
+    online = (
+        {**ONLINE_DEFAULTS, **dict(s.split("=", 1) for s in args.online_set)}
+        if args.online or args.online_set
+        else None
+    )
     tag = f"-{args.tag}" if args.tag else ""
     for skill in args.skills:
         if args.validation_goals:
@@ -259,25 +336,73 @@ def main() -> None:
             f"{behaviour['success_final']:.2f} (last step), return {behaviour['return']:.1f}"
         )
         results: dict[str, list[dict[str, float]]] = {}
+        datasets: dict[str, dict[str, Any]] = {}
         for algorithm in args.algorithms:
+            dataset = datasets[algorithm] = _dataset_stats(skill, algorithm, args.data, trial)
+            print(
+                f"{skill} {algorithm}: dataset mean return {dataset['return']:.1f} over the "
+                f"{dataset['episodes']} held-out episodes the config keeps (normalises returns)"
+            )
             for seed in args.seeds:
                 run = run_one(
-                    skill, algorithm, seed, args.data, args.work, args.iterations, extra=trial
+                    skill,
+                    algorithm,
+                    seed,
+                    args.data,
+                    args.work,
+                    args.iterations,
+                    extra=trial,
+                    recording=args.recording,
                 )
                 figures = _figures(run["metrics"])
-                results.setdefault(algorithm, []).append(figures)
+                figures |= normalised(figures, dataset["return"])
                 print(
                     f"  {algorithm} seed {seed}: adapted success {figures['success_adapted']:.2f}"
                     f" / final {figures['success_final_adapted']:.2f}, return "
-                    f"{figures['return_adapted']:.1f} (unadapted "
+                    f"{figures['return_adapted']:.1f} (normalised "
+                    f"{figures['normalised_adapted']:.2f}; unadapted "
                     f"{figures['success_unadapted']:.2f}, expert {figures['success_expert']:.2f})"
                     f"; {run['wall_s']:.0f} s, {run['iterations_per_s']:.1f} it/s",
                     flush=True,
                 )
+                evaluated = None
+                if online is not None:
+                    evaluated = evaluate_online(
+                        config_path(skill, algorithm), algorithm, seed, run, online, dataset
+                    )
+                    figures |= {
+                        f"online_{key}": evaluated[key]
+                        for key in (*CURVE_KEYS, "normalised_unadapted", "normalised_adapted")
+                    }
+                results.setdefault(algorithm, []).append(figures)
                 if record and not args.summary_only:
-                    _record_run(skill, algorithm, seed, figures, run, behaviour, args, recording_s)
+                    _record_run(
+                        skill,
+                        algorithm,
+                        seed,
+                        figures,
+                        run,
+                        {"behaviour": behaviour, "dataset": dataset, "online": evaluated},
+                        args,
+                        recording_s,
+                    )
         if record and len(args.seeds) > 1:  # one seed per process: --summary-only after
-            _record_summary(skill, results, behaviour, args)
+            if args.recording == "a":
+                _record_summary(skill, results, behaviour, args)
+            else:
+                shapes = {a: _shape(skill, a, args) for a in results}
+                record_summary(skill, args.recording, results, datasets, online, shapes, args.seeds)
+
+
+def _dataset_stats(skill: str, algorithm: str, data: Path, trial: dict[str, str]) -> dict[str, Any]:
+    """``behaviour_stats`` of the held-out episodes the config's
+    ``data.episodes_where.heldout`` (with the trial's overrides) keeps: what returns are
+    normalised by."""
+    from flows.config import load_config
+    from flows.stages.datasets import episode_filter
+
+    cfg = load_config(config_path(skill, algorithm), [f"{k}={v}" for k, v in trial.items()])
+    return behaviour_stats(data / skill / "heldout", episode_filter(cfg, "heldout"))
 
 
 def _validate(
@@ -322,7 +447,7 @@ def _validate(
         figures = _figures(run["metrics"])
         curve = [{"iteration": run["iterations"], **{k: figures[k] for k in CURVE_KEYS}}]
     else:
-        curve = validation_curve(cfg, run["runs"])
+        curve = checkpoint_curve(cfg, run["runs"])
         saved.write_text(json.dumps(curve, indent=2) + "\n")
     final = curve[-1]
     print(
@@ -369,10 +494,12 @@ def _timing(run: dict[str, Any]) -> dict[str, Any]:
 def _shape(skill: str, algorithm: str, args: argparse.Namespace) -> dict[str, Any]:
     from flows.config import load_config
 
-    cfg = load_config(ROOT / "flows" / "configs" / CONFIGS[algorithm].format(skill=skill))
+    cfg = load_config(config_path(skill, algorithm))
     metadata = json.loads((args.data / skill / "train" / "dataset.json").read_text())
     generator = metadata["generator"]["args"]
+    # Recording (a)'s records predate the label: its shape stays as they wrote it.
     return {
+        **({"recording": args.recording} if args.recording != "a" else {}),
         "skill": f"{skill}-v3",
         "algorithm": algorithm,
         "iterations": args.iterations or cfg.training.iterations,
@@ -398,28 +525,49 @@ def _record_run(
     seed: int,
     figures: dict[str, float],
     run: dict[str, Any],
-    behaviour: dict[str, float],
+    data: dict[str, Any],
     args: argparse.Namespace,
     recording_s: float,
 ) -> None:
+    """One run's record; ``data``: ``behaviour`` (every held-out episode), ``dataset`` (those
+    the config keeps, what returns are normalised by) and ``online`` (the online-context
+    evaluation, or None)."""
+    details = {
+        **{k: v for k, v in figures.items() if not k.startswith("online_")},
+        "behaviour": data["behaviour"],
+        "dataset": data["dataset"],
+        **({"online": data["online"]} if data["online"] is not None else {}),
+        **_timing(run),
+        "recording_s": round(recording_s, 1),
+    }
+    shape = {**_shape(skill, algorithm, args), "seed": seed}
+    if args.recording == "a":
+        write_record(
+            "metaworld",
+            f"run-{skill}-{algorithm}-seed{seed}",
+            f"Meta-World ML1 {skill}-v3, {algorithm}, seed {seed}: held-out success (any step) "
+            "of the policy adapted on each goal's support transitions; baseline: the scripted "
+            "expert given the goal, same goals",
+            figures["success_adapted"],
+            "success rate",
+            shape=shape,
+            baseline=Baseline("scripted expert, held-out success", figures["success_expert"])
+            if figures["success_expert"] > 0
+            else None,
+            details=details,
+        )
+        return
     write_record(
         "metaworld",
-        f"run-{skill}-{algorithm}-seed{seed}",
-        f"Meta-World ML1 {skill}-v3, {algorithm}, seed {seed}: held-out success (any step) of "
-        "the policy adapted on each goal's support transitions; baseline: the scripted expert "
-        "given the goal, same goals",
-        figures["success_adapted"],
-        "success rate",
-        shape={**_shape(skill, algorithm, args), "seed": seed},
-        baseline=Baseline("scripted expert, held-out success", figures["success_expert"])
-        if figures["success_expert"] > 0
-        else None,
-        details={
-            **figures,
-            "behaviour": behaviour,
-            **_timing(run),
-            "recording_s": round(recording_s, 1),
-        },
+        f"run-{args.recording}-{skill}-{algorithm}-seed{seed}",
+        f"Meta-World ML1 {skill}-v3, recording ({args.recording}), {algorithm}, seed {seed}: "
+        "held-out return of the policy adapted on each goal's recorded context over the "
+        "held-out episodes' mean return (the normalised return); details.online: the same "
+        "parameters with context collected online",
+        figures["normalised_adapted"],
+        "normalised return",
+        shape=shape,
+        details=details,
     )
 
 
@@ -526,14 +674,21 @@ PUBLISHED = (
     "skills, data from SAC runs or scripted experts with 45 trajectories per goal kept by "
     "success, online few-shot adaptation episodes; here v3 skills, 12 recorded episodes per "
     "goal of mixed quality, adaptation on K offline support transitions of the held-out goal "
-    "(the given-context setting)."
+    "(the given-context setting). Recording (b) follows their data protocol and reports "
+    "normalised returns ([its table](#results-b))."
 )
 
 
 def render_results(records: list[dict[str, Any]]) -> str:
     """docs/metaworld.md's results table from the ``run-*`` records: per skill and algorithm,
     the latest run of each seed with the shape of the newest one."""
-    runs = [r for r in records if r["bench"] == "metaworld" and r["figure"].startswith("run-")]
+    runs = [
+        r
+        for r in records
+        if r["bench"] == "metaworld"
+        and r["figure"].startswith("run-")
+        and r["shape"].get("recording", "a") == "a"
+    ]
     if not runs:
         return "No records yet: run `bench/metaworld.py`."
     latest: dict[tuple[str, str], dict[str, Any]] = {}

@@ -7,9 +7,11 @@ train split's ``dataset.json`` entries (so the evaluation env rebuilds those goa
 takes them as ``--set data.train=... --set data.heldout=...``: the config is otherwise the
 one shipped, its selection and everything else applied as to the real held-out goals.
 
-``validation_curve`` evaluates every checkpoint a validation run kept on those goals
-(``flows.evaluation.heldout.evaluate``, in this process, no Ray): the learning curve of
-success over training.
+``checkpoint_curve`` evaluates every checkpoint a run kept on its held-out goals
+(``flows.evaluation.heldout.evaluate``, in this process, no Ray): on a validation run, the
+learning curve of success over training; with ``final_only``, the run's trained parameters
+evaluated again under other evaluation settings (bench/metaworld_published.py's online
+context).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from flows.config import MetaTrainConfig
 
@@ -58,23 +61,39 @@ def validation_split(train: Path, goals: int, out: Path) -> dict[str, Path]:
     return paths
 
 
-def validation_curve(cfg: MetaTrainConfig, runs: Path) -> list[dict[str, float]]:
+def checkpoint_curve(
+    cfg: MetaTrainConfig, runs: Path, *, final_only: bool = False
+) -> list[dict[str, Any]]:
     """Success (any step, last step) and return of every checkpoint kept under ``runs`` (one
-    run directory), evaluated on ``cfg.data.heldout`` as ``cfg`` selects it; by iteration."""
+    run directory), or of its last one with ``final_only``, evaluated on ``cfg.data.heldout``
+    as ``cfg`` selects it and ``cfg.evaluation`` evaluates; by iteration, each point with the
+    evaluation's context (``offline: ...``, ``online: ...``)."""
     from flows.evaluation.heldout import evaluate
+    from flows.process.runtime import torch_threads
     from flows.stages.datasets import episode_filter
     from pipeline.io.checkpoints import read_shard
     from pipeline.reads.episodes import read_episodes
 
+    kept = sorted(
+        (p for p in runs.glob("*/checkpoints/ckpt-*") if p.is_dir()),
+        key=lambda p: (p.name, p.stat().st_mtime),
+    )
+    if not kept:
+        raise SystemExit(f"{runs} holds no checkpoint (expected */checkpoints/ckpt-NNNNNNNN)")
     heldout = read_episodes(cfg.data.heldout, episodes_where=episode_filter(cfg, "heldout"))
     points = []
-    for directory in sorted(p for p in runs.glob("*/checkpoints/*") if p.is_dir()):
+    for directory in kept[-1:] if final_only else kept:
         lead = read_shard(directory, 0)
-        report = evaluate(cfg, lead["learner"], heldout)
+        # With the run's intra-op threads, as offmeta run evaluates: with torch's default (2
+        # here) a batch-1 layer of the rollouts took 7 ms on the busy 2-core machine, and
+        # the policy's forward passes most of the online evaluation's time.
+        with torch_threads(cfg.training.torch_threads):
+            report = evaluate(cfg, lead["learner"], heldout)
         metrics = report.metrics()
         points.append(
             {
                 "iteration": int(lead["iteration"]),
+                "context": report.context,
                 **{
                     f"{figure}_{policy}": metrics.get(f"heldout_{figure}_{policy}", math.nan)
                     for figure in ("success", "success_final", "return")

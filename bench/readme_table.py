@@ -12,7 +12,9 @@ run is the newest.
     .venv/bin/python bench/readme_table.py --check   # exit 1 when one is out of date
 
 The Meta-World results of docs/metaworld.md (``bench/metaworld.py``'s runs) sit between
-``<!-- bench:metaworld:begin -->`` and ``<!-- bench:metaworld:end -->``. The table sits between
+``<!-- bench:metaworld:begin -->`` and ``<!-- bench:metaworld:end -->``, those of recording (b)
+(the published protocol, ``bench/metaworld_published.py``) between
+``<!-- bench:metaworld-b:begin -->`` and ``<!-- bench:metaworld-b:end -->``. The table sits between
 the lines ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` of
 docs/performance.md, the headline figures between ``<!-- bench:headline:begin -->`` and
 ``<!-- bench:headline:end -->`` of README.md.
@@ -32,7 +34,9 @@ from typing import Any, NamedTuple
 # `learners` package; the repository root must come first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.metaworld import LABELS as METAWORLD_LABELS
 from bench.metaworld import render_results as render_metaworld
+from bench.metaworld_published import render_published
 from bench.records import RESULTS, ROOT, read_records
 
 README = ROOT / "README.md"
@@ -40,6 +44,8 @@ PERFORMANCE = ROOT / "docs" / "performance.md"
 METAWORLD = ROOT / "docs" / "metaworld.md"
 METAWORLD_BEGIN = "<!-- bench:metaworld:begin -->"
 METAWORLD_END = "<!-- bench:metaworld:end -->"
+METAWORLD_B_BEGIN = "<!-- bench:metaworld-b:begin -->"
+METAWORLD_B_END = "<!-- bench:metaworld-b:end -->"
 BEGIN = "<!-- bench:begin -->"
 END = "<!-- bench:end -->"
 HEADLINE_BEGIN = "<!-- bench:headline:begin -->"
@@ -73,6 +79,21 @@ HEADLINES = (
         "metaworld", "summary-reach-context-gain", "Meta-World reach-v3 adapted minus unadapted"
     ),
     Headline("metaworld", "summary-push-context", "Meta-World push-v3 held-out success"),
+    Headline(
+        "metaworld",
+        "summary-b-reach-context-online",
+        "Meta-World reach-v3 normalised return, published protocol, online context",
+    ),
+    Headline(
+        "metaworld",
+        "summary-b-reach-context-offline",
+        "Meta-World reach-v3 normalised return, published protocol, recorded context",
+    ),
+    Headline(
+        "metaworld",
+        "summary-b-push-context-online",
+        "Meta-World push-v3 normalised return, published protocol, online context",
+    ),
 )
 
 
@@ -257,23 +278,33 @@ def _pages(
         metaworld: metaworld.read_text(),
     }
     return {
-        metaworld: (
-            current[metaworld],
-            render_between(
-                current[metaworld],
-                render_metaworld(records),
-                name="docs/metaworld.md",
-                begin=METAWORLD_BEGIN,
-                end=METAWORLD_END,
-                what="the Meta-World results",
-            ),
-        ),
+        metaworld: (current[metaworld], _metaworld_page(current[metaworld], records)),
         performance: (
             current[performance],
             render_performance(current[performance], render_table(rows)),
         ),
         readme: (current[readme], render_readme(current[readme], render_headlines(rows))),
     }
+
+
+def _metaworld_page(text: str, records: list[dict[str, Any]]) -> str:
+    """docs/metaworld.md's ``text`` with both results tables regenerated."""
+    text = render_between(
+        text,
+        render_metaworld(records),
+        name="docs/metaworld.md",
+        begin=METAWORLD_BEGIN,
+        end=METAWORLD_END,
+        what="the Meta-World results",
+    )
+    return render_between(
+        text,
+        render_published(records, METAWORLD_LABELS),
+        name="docs/metaworld.md",
+        begin=METAWORLD_B_BEGIN,
+        end=METAWORLD_B_END,
+        what="the Meta-World results of recording (b)",
+    )
 
 
 def check_pages(

@@ -8,11 +8,17 @@
 #   data/samples/regenerate_metaworld.sh --full DIR   # the full sets bench/metaworld.py trains
 #                                                     # on: DIR/reach, DIR/push (minutes)
 #   data/samples/regenerate_metaworld.sh --full DIR reach   # one skill (or several) only
+#   data/samples/regenerate_metaworld.sh --full-published DIR [SKILL...]
+#                                                     # recording (b), the published protocol
 #   OFFMETA_METAWORLD_VENV=/some/dir data/samples/regenerate_metaworld.sh
 #
 # Samples: 6 train and 2 held-out goals, 4 episodes of 50 steps per goal (one per behaviour).
 # Full sets: ML1's protocol in size as offmeta benchmarks it: 40 train and 10 held-out goals,
 # 12 episodes of 500 steps per goal (3 per behaviour), 240,000 + 60,000 rows per skill.
+# Recording (a) in docs/metaworld.md. --full-published: recording (b), the published offline
+# ML1 protocol (IDAQ's): the scripted expert at action noise N(0, 0.1) only, no random policy,
+# 45 episodes of 500 steps per goal, the same 40 train and 10 held-out goals; 900,000 +
+# 225,000 rows per skill.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,8 +36,13 @@ record() {
   PYTHONPATH="$repo" "$venv/bin/python" -W ignore -m pipeline.benchmarks.metaworld_record "$@"
 }
 
-if [[ "${1:-}" == "--full" ]]; then
-  out="${2:?--full needs a folder}"
+# The recorder's arguments of each full recording (its defaults: recording (a)).
+case "${1:-}" in
+  --full) protocol=() ;;
+  --full-published) protocol=(--noise 0.1 --no-random --episodes-per-goal 45) ;;
+esac
+if [[ "${1:-}" == "--full" || "${1:-}" == "--full-published" ]]; then
+  out="${2:?$1 needs a folder}"
   shift 2
   skills=("$@")
   if [[ ${#skills[@]} -eq 0 ]]; then
@@ -39,7 +50,7 @@ if [[ "${1:-}" == "--full" ]]; then
   fi
   for skill in "${skills[@]}"; do
     rm -rf "$out/$skill/train" "$out/$skill/heldout"
-    record --env "$skill-v3" --out "$out/$skill"
+    record --env "$skill-v3" --out "$out/$skill" ${protocol[@]+"${protocol[@]}"}
   done
   exit 0
 fi

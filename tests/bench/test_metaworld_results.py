@@ -85,4 +85,9 @@ def test_behaviour_stats_count_each_episode_once(tmp_path: Path) -> None:
         tmp_path / "part-00000.parquet",
     )
     (tmp_path / "dataset.json").write_text("{}")  # beside the files, as in every dataset
-    assert behaviour_stats(tmp_path) == {"success": 1.0, "success_final": 0.5, "return": 5.0}
+    assert behaviour_stats(tmp_path) == {
+        "success": 1.0,
+        "success_final": 0.5,
+        "return": 5.0,
+        "episodes": 2,
+    }

@@ -22,6 +22,8 @@ from bench.readme_table import (
     END,
     HEADLINE_BEGIN,
     HEADLINE_END,
+    METAWORLD_B_BEGIN,
+    METAWORLD_B_END,
     METAWORLD_BEGIN,
     METAWORLD_END,
     Headline,
@@ -56,6 +58,8 @@ def test_the_readme_shows_the_headline_figures_that_have_records():
         "summary-reach-context-final",
         "summary-reach-context-gain",
         "summary-push-context",
+        "summary-b-reach-context-online",
+        "summary-b-reach-context-offline",
     ]
 
 
@@ -63,8 +67,9 @@ def test_the_committed_records_cover_every_bench_script():
     # A record's bench name is its script's name, '_' kept (offline_rl) or written '-'
     # (small-files): record names are lower-case letters, digits, '-' and '_'.
     benches = {record["bench"] for record in read_records()}
-    # metaworld_validation is bench/metaworld.py's validation split, recorded by that script.
-    helpers = {"records", "readme_table", "metaworld_validation"}
+    # metaworld_validation and metaworld_published are bench/metaworld.py's validation split
+    # and recording (b), recorded by that script.
+    helpers = {"records", "readme_table", "metaworld_validation", "metaworld_published"}
     scripts = {path.stem for path in (ROOT / "bench").glob("*.py")} - helpers
     named = {script: {script, script.replace("_", "-")} & benches for script in scripts}
     assert {script: len(names) for script, names in named.items()} == dict.fromkeys(scripts, 1)
@@ -242,7 +247,9 @@ def test_the_table_is_regenerated_between_the_markers_and_checked(tmp_path, caps
     page = _performance(tmp_path, "| typed by hand | 0.99 |")
     readme = _readme(tmp_path, "| typed by hand | 0.99 |")
     metaworld = tmp_path / "metaworld.md"
-    metaworld.write_text(f"# ML1\n\n{METAWORLD_BEGIN}\n{METAWORLD_END}\n")
+    metaworld.write_text(
+        f"# ML1\n\n{METAWORLD_BEGIN}\n{METAWORLD_END}\n\n{METAWORLD_B_BEGIN}\n{METAWORLD_B_END}\n"
+    )
     arguments = ["--performance", str(page), "--readme", str(readme), "--results", str(results)]
     arguments += ["--metaworld", str(metaworld)]
     assert main(["--check", *arguments]) == 1
@@ -252,6 +259,7 @@ def test_the_table_is_regenerated_between_the_markers_and_checked(tmp_path, caps
     assert main(arguments) == 0
     assert main(["--check", *arguments]) == 0
     assert "No records yet" in metaworld.read_text()  # no metaworld records in results
+    assert "No recording (b) records yet" in metaworld.read_text()
     assert readme.read_text() == (
         f"# demo\n\n{HEADLINE_BEGIN}\n"
         "| figure | latest (date) | range (runs) | target | met (runs met) | shape |\n"
