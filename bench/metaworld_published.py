@@ -165,20 +165,25 @@ def record_summary(
         contexts: list[tuple[str, str, str | None]] = [("offline", "normalised_adapted", None)]
         if online is not None:
             contexts.append(("online", "online_normalised_adapted", TARGETS[skill]))
+        extra = {k: v for k, v in (online or {}).items() if ONLINE_DEFAULTS.get(k) != v}
         for context, key, target in contexts:
+            # An online protocol other than the defaults is a summary of its own.
+            named = context
+            if context == "online" and extra:
+                named += "-" + re.sub(r"[^a-z0-9_]+", "-", _slug(extra).lower())
             mean, error = mean_and_error([r[key] for r in runs])
             print(
-                f"{skill} {algorithm}, recording ({recording}), {context} context: "
+                f"{skill} {algorithm}, recording ({recording}), {named} context: "
                 f"normalised return {mean:.2f} ± {error:.2f} ({target or 'report only'})"
             )
             write_record(
                 "metaworld",
-                f"summary-{recording}-{skill}-{algorithm}-{context}",
+                f"summary-{recording}-{skill}-{algorithm}-{named}",
                 f"Meta-World ML1 {skill}-v3, recording ({recording}), {algorithm}: normalised "
-                f"return of the adapted policy, {context} context, mean over seeds",
+                f"return of the adapted policy, {named} context, mean over seeds",
                 mean,
                 "normalised return",
-                shape={**shapes[algorithm], "seeds": len(runs), "context": context},
+                shape={**shapes[algorithm], "seeds": len(runs), "context": named},
                 target=target,
                 details={
                     "standard_error": error,

@@ -86,11 +86,6 @@ HEADLINES = (
     ),
     Headline(
         "metaworld",
-        "summary-b-reach-context-offline",
-        "Meta-World reach-v3 normalised return, published protocol, recorded context",
-    ),
-    Headline(
-        "metaworld",
         "summary-b-push-context-online",
         "Meta-World push-v3 normalised return, published protocol, online context",
     ),

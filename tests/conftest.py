@@ -65,11 +65,17 @@ def _one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """One local Ray instance shared by every test that needs it; always shut down."""
+    """One local Ray instance shared by every test that needs it (started again, as
+    ``offmeta run`` starts it, when Ray's fixed 30 s start wait runs out under load); always
+    shut down."""
     import ray
 
+    from flows.process.ray_start import start_with_retries
+
     try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_with_retries(
+            lambda: ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        )
     except Exception as error:  # Ray's own waits (its GCS, the raylet) name no test fixture
         raise RuntimeError(
             f"the session's local Ray (ray.init, num_cpus=2) did not start: {error}"

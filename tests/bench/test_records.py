@@ -59,7 +59,6 @@ def test_the_readme_shows_the_headline_figures_that_have_records():
         "summary-reach-context-gain",
         "summary-push-context",
         "summary-b-reach-context-online",
-        "summary-b-reach-context-offline",
     ]
 
 
