@@ -48,12 +48,13 @@ def start_with_retries(
         except Exception as error:
             if RAY_START_TIMEOUT not in str(error) or attempt == attempts:
                 raise
-            package = ray_package or _installed_ray()
+            package = str(ray_package or _installed_ray())
+            by_parent = _children_by_parent()  # one read of /proc for the whole tree
             left = [
                 pid
-                for child in children(os.getpid())
-                if child not in before and str(package) in _command_line(child)
-                for pid in (child, *descendants(child))
+                for child in by_parent.get(os.getpid(), [])
+                if child not in before and package in _command_line(child)
+                for pid in (child, *_below(by_parent, child))
             ]
             kill(left)
             say(
@@ -71,7 +72,10 @@ def children(pid: int) -> list[int]:
 def descendants(pid: int) -> list[int]:
     """The pids of ``pid``'s children, their children and so on (read from ``/proc``; empty
     where there is none)."""
-    by_parent = _children_by_parent()
+    return _below(_children_by_parent(), pid)
+
+
+def _below(by_parent: dict[int, list[int]], pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:
         for child in by_parent.get(todo.pop(), []):
