@@ -812,13 +812,26 @@ def render_validation(records: list[dict[str, Any]]) -> str:
             f"{details['iterations_per_s']:.1f} | {details['wall_s']:.0f} s (load "
             f"{record['machine']['load_average_1m']:.0f}) |"
         )
-    goals = len(runs[-1]["details"]["validation_goals"])
+    held: dict[str, set[int]] = {}  # goals held aside, per skill in the table's order
+    for record in sorted(runs, key=lambda r: r["date"]):
+        held.setdefault(record["shape"]["skill"], set()).add(
+            len(record["details"]["validation_goals"])
+        )
+    counts = set().union(*held.values())
+    goals = (
+        f"{counts.pop()} (in task-id order)"
+        if len(counts) == 1
+        else "few in task-id order ("
+        + ", ".join(f"{skill}: {' or '.join(map(str, sorted(n)))}" for skill, n in held.items())
+        + ")"
+    )
     return "\n".join(
         [
             *lines,
             "",
-            f"Each run trains on the train goals but the last {goals} (in task-id order) and "
-            "evaluates every kept checkpoint on those, with the config's context and rollouts.",
+            f"Each run trains on the train goals but the last {goals} and evaluates every kept "
+            "checkpoint on those (a curve of one point: the final one alone), with the config's "
+            "context and rollouts.",
         ]
     )
 
