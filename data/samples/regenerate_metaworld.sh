@@ -8,11 +8,14 @@
 #   data/samples/regenerate_metaworld.sh --full DIR   # the full sets bench/metaworld.py trains
 #                                                     # on: DIR/reach, DIR/push (minutes)
 #   data/samples/regenerate_metaworld.sh --full DIR reach   # one skill (or several) only
+#   data/samples/regenerate_metaworld.sh --full DIR pick-place   # pick-place (not a default)
 #   data/samples/regenerate_metaworld.sh --full-published DIR [SKILL...]
 #                                                     # recording (b), the published protocol
 #   OFFMETA_METAWORLD_VENV=/some/dir data/samples/regenerate_metaworld.sh
 #
-# Samples: 6 train and 2 held-out goals, 4 episodes of 50 steps per goal (one per behaviour).
+# Samples: 6 train and 2 held-out goals, 4 episodes of 50 steps per goal (one per behaviour),
+# of reach, push and pick-place (data/samples/metaworld_pick_place: the skill's hyphen becomes
+# an underscore, as in the configs' names).
 # Full sets: ML1's protocol in size as offmeta benchmarks it: 40 train and 10 held-out goals,
 # 12 episodes of 500 steps per goal (3 per behaviour), 240,000 + 60,000 rows per skill.
 # Recording (a) in docs/metaworld.md. --full-published: recording (b), the published offline
@@ -55,9 +58,10 @@ if [[ "${1:-}" == "--full" || "${1:-}" == "--full-published" ]]; then
   exit 0
 fi
 
-for skill in reach push; do
-  rm -rf "$here/metaworld_$skill/train" "$here/metaworld_$skill/heldout"
-  record --env "$skill-v3" --out "$here/metaworld_$skill" --train-goals 6 --heldout-goals 2 \
+for skill in reach push pick-place; do
+  sample="$here/metaworld_${skill//-/_}"
+  rm -rf "$sample/train" "$sample/heldout"
+  record --env "$skill-v3" --out "$sample" --train-goals 6 --heldout-goals 2 \
     --episodes-per-goal 4 --max-steps 50
 done
 du -sh "$here"/metaworld_*

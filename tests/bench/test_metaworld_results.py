@@ -7,9 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from bench.metaworld import behaviour_stats, render_results
+from bench.metaworld import behaviour_stats, config_path, main, render_results
 from bench.records import read_records, write_record
+from tests.helpers.paths import REPO
 
 SHAPE = {
     "skill": "reach-v3",
@@ -62,6 +64,37 @@ def test_the_table_sums_up_the_latest_runs_of_the_newest_shape(tmp_path: Path) -
     assert lines[9].startswith("- reach-v3, MAML cloning: K=20 support transitions of context")
     assert "2000 meta-iterations; seeds 0, 1, 2" in lines[9]
     assert "No validation records yet" in lines[-1]
+
+
+def test_skills_are_listed_in_the_bench_order(tmp_path: Path) -> None:
+    for skill in ("pick-place-v3", "push-v3", "reach-v3"):
+        _run(tmp_path, 0, 0.5, skill=skill)
+    lines = render_results(read_records(tmp_path)).splitlines()
+    behaviour_rows = [line for line in lines if "behaviour data" in line]
+    assert [row.split(" | ")[0] for row in behaviour_rows] == [
+        "| reach-v3",
+        "| push-v3",
+        "| pick-place-v3",
+    ]
+
+
+def test_pick_place_has_the_context_config_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert config_path("pick-place", "context") == (
+        REPO / "flows" / "configs" / "metaworld_pick_place.yaml"
+    )
+    assert config_path("pick-place", "context").is_file()
+    monkeypatch.setattr(
+        "sys.argv", ["metaworld.py", "--skills", "pick-place", "--algorithms", "context", "maml"]
+    )
+    with pytest.raises(SystemExit):
+        main()
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "metaworld.py: error: no shipped config flows/configs/metaworld_pick_place_maml.yaml: "
+        "leave that skill or algorithm out (pick-place has the context learner's only: "
+        "--algorithms context)"
+    )
 
 
 def test_no_records_say_how_to_make_them(tmp_path: Path) -> None:

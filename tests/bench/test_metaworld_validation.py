@@ -72,4 +72,33 @@ def test_the_validation_table_lists_each_trial_and_its_curve(tmp_path: Path) -> 
     curve = "1000: 0.50 (0.50); 2000: 0.80 (0.50)"
     assert table[2].startswith("| reach-v3 | context encoder | `a.b=1` (at ")
     assert f" | 0 | {curve} | 0.50 | 20.0 | 300 s" in table[2]
-    assert table[-1].startswith("Each run trains on the train goals but the last 2")
+    assert table[-1].startswith("Each run trains on the train goals but the last 2 (in task")
+
+
+def test_the_validation_table_names_each_skills_goals_held_aside(tmp_path: Path) -> None:
+    point = {
+        f"{m}_{p}": 0.5
+        for m in ("success", "success_final", "return")
+        for p in ("unadapted", "adapted")
+    }
+    for skill, goals in (("reach-v3", 5), ("pick-place-v3", 10)):
+        write_record(
+            "metaworld",
+            f"validation-{skill.removesuffix('-v3')}-context-seed0",
+            "a validation run",
+            0.5,
+            "success rate",
+            shape={"skill": skill, "algorithm": "context", "seed": 0, "trial": {}},
+            details={
+                "validation_goals": [f"train-{40 - goal:05d}" for goal in range(goals)],
+                "curve": [{"iteration": 6000, **point}],
+                "wall_s": 300.0,
+                "iterations_per_s": 20.0,
+            },
+            directory=tmp_path,
+        )
+    table = render_validation(read_records(tmp_path)).splitlines()
+    assert table[-1].startswith(
+        "Each run trains on the train goals but the last few in task-id order (reach-v3: 5, "
+        "pick-place-v3: 10) and evaluates"
+    )

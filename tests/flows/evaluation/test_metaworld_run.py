@@ -13,6 +13,7 @@ import pytest
 
 from flows.cli import main
 from flows.config import load_config
+from flows.stages.datasets import inspect_datasets
 from pipeline.artifacts import ArtifactStore
 from tests.helpers.paths import REPO
 
@@ -29,7 +30,7 @@ POLICIES = ("unadapted", "adapted", "expert")
 @pytest.mark.parametrize(
     "name",
     [
-        *(f"metaworld_{skill}" for skill in ("reach", "push")),
+        *(f"metaworld_{skill}" for skill in ("reach", "push", "pick_place")),
         *(
             f"metaworld_{skill}_{variant}"
             for skill in ("reach", "push")
@@ -37,10 +38,20 @@ POLICIES = ("unadapted", "adapted", "expert")
         ),
     ],
 )
-def test_the_metaworld_configs_validate(name: str) -> None:
+def test_the_metaworld_configs_validate_and_fit_their_samples(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
     cfg = load_config(CONFIGS / f"{name}.yaml")
     assert cfg.evaluation.env == "pipeline.benchmarks.metaworld_env:ml1_env"
-    assert (REPO / cfg.data.train).is_dir() and (REPO / cfg.data.heldout).is_dir()
+    skill = name.removeprefix("metaworld_").removesuffix("_maml").removesuffix("_macaw")
+    for split in ("train", "heldout"):
+        sample = Path("data/samples") / f"metaworld_{skill}" / split
+        assert Path(getattr(cfg.data, split)) == sample
+        generator = json.loads((sample / "dataset.json").read_text())["generator"]["args"]
+        assert generator["env"] == f"{skill.replace('_', '-')}-v3"
+    train, heldout = inspect_datasets(cfg)  # the checks offmeta run makes before training
+    assert train.num_episodes > 0 and heldout.num_episodes > 0
 
 
 @pytest.mark.usefixtures("prefect_harness", "ray_session")
