@@ -538,6 +538,17 @@ def _shape(skill: str, algorithm: str, args: argparse.Namespace) -> dict[str, An
             if (context := cfg.learners.context) is not None
             else {}
         ),
+        # Settings later configs added: absent from the records of configs without them.
+        **(
+            {"ignored_obs_features": len(cfg.data.ignore_obs_features)}
+            if cfg.data.ignore_obs_features
+            else {}
+        ),
+        **(
+            {"shift_obs": f"{len(shift.features)} x {len(shift.features[0])}, {shift.scale:g}"}
+            if (shift := cfg.tasks.shift_obs) is not None
+            else {}
+        ),
     }
 
 

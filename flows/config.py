@@ -28,6 +28,7 @@ from pipeline.artifacts.records.names import validate_name
 from pipeline.artifacts.records.roots import parse_root
 from pipeline.contract.id_findings import VALIDATION_MEMORY_MB
 from pipeline.contract.schema import CheckValues
+from pipeline.tasks.obs_shift import ObsShift
 
 _STRICT = ConfigDict(extra="forbid")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
@@ -152,6 +153,39 @@ class DataConfig(BaseModel):
         "raw observations and rewards (see docs/normalization.md).",
     )
 
+    ignore_obs_features: list[int] = Field(
+        default_factory=list,
+        description="Observation features (indices of the flattened observation; 'a:b' for "
+        "a..b-1) that every module reads as 0: the policy's observations and those inside "
+        "an encoder's transitions, in training, evaluation and every consumer (stored with "
+        "the learner, learners.modules.*.input_stats.ignored). For features that identify "
+        "a training task without telling how to act in it, e.g. Meta-World reach's object, "
+        "which is placed at random per task (see docs/normalization.md#ignored-features).",
+    )
+
+    @field_validator("ignore_obs_features", mode="before")
+    @classmethod
+    def _ranges(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        features: list[Any] = []
+        for item in value:
+            if isinstance(item, str) and re.fullmatch(r"\d+:\d+", item.strip()):
+                low, high = (int(end) for end in item.split(":"))
+                if low >= high:
+                    raise ValueError(f"range {item!r} is empty; expected 'a:b' with a < b")
+                features += range(low, high)
+            else:
+                features.append(item)
+        return features
+
+    @field_validator("ignore_obs_features")
+    @classmethod
+    def _distinct_features(cls, value: list[int]) -> list[int]:
+        if any(i < 0 for i in value) or len(set(value)) != len(value):
+            raise ValueError(f"expected distinct feature indices >= 0, got {value}")
+        return value
+
     @field_validator("normalize", mode="before")
     @classmethod
     def _known_columns(cls, value: Any) -> Any:
@@ -177,6 +211,31 @@ class DataConfig(BaseModel):
         # YAML 1.1 reads a bare `off` (in a config file or `--set data.check_values=off`) as
         # false: that is what the user wrote.
         return "off" if value is False else value
+
+
+class ObsShiftConfig(BaseModel):
+    """``tasks.shift_obs``: task augmentation by translation (``pipeline.tasks.obs_shift``)."""
+
+    model_config = _STRICT
+
+    features: list[list[int]] = Field(
+        description="Groups of observation feature indices (of the flattened observation), "
+        "all of one length: each task sample adds the same random offset to every group, in "
+        "obs and new_obs of its support and query alike (e.g. [[0, 1, 2], [18, 19, 20]]: "
+        "Meta-World's hand position now and in the previous frame)."
+    )
+    scale: float = Field(
+        gt=0, description="Each coordinate of an offset is uniform in [-scale, scale]."
+    )
+
+    @model_validator(mode="after")
+    def _groups(self) -> ObsShiftConfig:
+        self.shift()
+        return self
+
+    def shift(self) -> ObsShift:
+        """The feeds' ``ObsShift``."""
+        return ObsShift(tuple(tuple(group) for group in self.features), self.scale)
 
 
 class TasksConfig(BaseModel):
@@ -227,6 +286,16 @@ class TasksConfig(BaseModel):
         description="Megabytes the training task samples may take in memory; above it, auto "
         "mode streams them in windows sized to it.",
     )
+    shift_obs: ObsShiftConfig | None = Field(
+        None,
+        description="Task augmentation: a random offset per task sample added to groups of "
+        "observation features, the task moved in space (docs/streams.md#shift-obs); the "
+        "offsets come from seed and the epoch, so batches repeat and resume. null: none.",
+    )
+
+    def obs_shift(self) -> ObsShift | None:
+        """The feeds' ``ObsShift`` (``shift_obs``), None without one."""
+        return None if self.shift_obs is None else self.shift_obs.shift()
 
     @model_validator(mode="after")
     def _window_of_episodes(self) -> TasksConfig:

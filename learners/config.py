@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from learners.algorithms.catalog import algorithm_for, registered_algorithms, registered_names
 from learners.algorithms.context_config import ContextConfig
 from learners.algorithms.macaw_config import MacawConfig
-from learners.algorithms.registry import ConfigView
+from learners.algorithms.registry import ComposedInput, ConfigView
 from learners.models.spec import DEFAULT_MODULE_ID, InputStats, ModelConfig, ModuleSpec
 
 __all__ = [
@@ -307,9 +307,10 @@ class MetaConfig(BaseModel):
         return algorithm_for(self.algorithm).observing_modules(self)
 
     @property
-    def composed_inputs(self) -> dict[str, tuple[tuple[str, int], ...]]:
-        """The modules whose first input is batch columns concatenated, each with its
-        `(column, width)` parts (the algorithm's choice: an encoder of transitions)."""
+    def composed_inputs(self) -> dict[str, ComposedInput]:
+        """The modules whose first input is batch columns concatenated, each with its parts
+        and whether they are standardised (the algorithm's choice: an encoder of
+        transitions)."""
         return algorithm_for(self.algorithm).composed_inputs(self)
 
     @property

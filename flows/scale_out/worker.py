@@ -91,7 +91,7 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     samples = read_task_samples(config["dataset"], **config["sampling"])
     tasks, training = cfg.tasks, cfg.training
     (stream,) = split_for_learners(
-        TaskStream(samples, ranks=[rank]),
+        TaskStream(samples, ranks=[rank], shift=tasks.obs_shift()),
         world,
         minibatch_size=tasks.meta_batch,
         seed=tasks.seed,

@@ -32,6 +32,7 @@ from pipeline.io.checkpoints import latest_checkpoint, save_checkpoint
 from pipeline.reads.episodes import Episodes
 from pipeline.streams.learner_stream import split_for_learners
 from pipeline.tasks.grouping import TaskSamples
+from pipeline.tasks.options import TaskStream
 from pipeline.tasks.samples import task_samples
 from pipeline.tasks.windows import TaskWindows
 
@@ -66,7 +67,11 @@ def train(
     checkpoints = Path(run_dir) / CHECKPOINTS
     samples = build_task_samples(cfg, data, logger)
     (stream,) = split_for_learners(
-        samples, 1, minibatch_size=tasks.meta_batch, seed=tasks.seed, device=training.device
+        TaskStream(samples, shift=tasks.obs_shift()),
+        1,
+        minibatch_size=tasks.meta_batch,
+        seed=tasks.seed,
+        device=training.device,
     )
     learner = MetaLearner(learner_config(cfg, data), device=training.device)
 

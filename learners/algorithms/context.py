@@ -9,6 +9,7 @@ from typing import Any
 
 from learners.algorithms.context_config import ContextConfig, resolve_context
 from learners.algorithms.registry import (
+    ComposedInput,
     ConfigView,
     Phases,
     Resolution,
@@ -60,15 +61,16 @@ class Context:
         context: ContextConfig = config.context
         return [m for m in (context.policy, context.value) if m is not None]
 
-    def composed_inputs(self, config: Any) -> dict[str, tuple[tuple[str, int], ...]]:
+    def composed_inputs(self, config: Any) -> dict[str, ComposedInput]:
         context: ContextConfig = config.context
         policy = config.modules[context.policy]
         sizes = {"obs": policy.obs_dim, "new_obs": policy.obs_dim, "actions": policy.action_dim}
-        inputs = {}
-        if context.standardize_transitions:
-            inputs[context.encoder] = tuple((name, sizes.get(name, 1)) for name in context.fields)
+        transition = tuple((name, sizes.get(name, 1)) for name in context.fields)
+        inputs = {context.encoder: ComposedInput(transition, context.standardize_transitions)}
         if context.task_model is not None:
-            inputs[context.task_model] = (("obs", policy.obs_dim), ("actions", policy.action_dim))
+            inputs[context.task_model] = ComposedInput(
+                (("obs", policy.obs_dim), ("actions", policy.action_dim)), True
+            )
         return inputs
 
     def compile_unsupported(self, config: Any) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from learners.algorithms.registry import (
     LEARNED_LRS,
+    ComposedInput,
     ConfigView,
     Phases,
     Resolution,
@@ -70,7 +71,7 @@ class MamlVariant:
     def observing_modules(self, config: Any) -> list[str]:
         return list(config.modules)
 
-    def composed_inputs(self, config: Any) -> dict[str, tuple[tuple[str, int], ...]]:
+    def composed_inputs(self, config: Any) -> dict[str, ComposedInput]:
         return {}
 
     def compile_unsupported(self, config: Any) -> str | None:

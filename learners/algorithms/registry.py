@@ -105,6 +105,18 @@ class Phases(NamedTuple):
     """Only its losses are used: the meta-objective on the query set, per module."""
 
 
+class ComposedInput(NamedTuple):
+    """A module's first input made of batch columns concatenated (an encoder of
+    transitions)."""
+
+    parts: tuple[tuple[str, int], ...]
+    """``(column, width)`` of each part, in order."""
+    standardized: bool
+    """Whether ``data.normalize`` standardises each part as its column; the observation
+    features ``data.ignore_obs_features`` names are ignored in its observation parts
+    either way."""
+
+
 class Algorithm(Protocol):
     """One algorithm family (module docstring). `config` arguments are the `MetaConfig`."""
 
@@ -135,9 +147,9 @@ class Algorithm(Protocol):
         others read something the algorithm builds (an encoder reads whole transitions)."""
         ...
 
-    def composed_inputs(self, config: Any) -> dict[str, tuple[tuple[str, int], ...]]:
+    def composed_inputs(self, config: Any) -> dict[str, ComposedInput]:
         """The modules whose first input is batch columns concatenated (an encoder of
-        transitions), each with its `(column, width)` parts in order: `data.normalize`
+        transitions), each with its parts in order and whether `data.normalize`
         standardises each part as its column (observations and next observations with the
         observations' statistics)."""
         ...

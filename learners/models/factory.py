@@ -168,6 +168,11 @@ class Standardize:
         # On the CPU whatever device the network is built on (learners build on "meta").
         self.mean = torch.tensor(stats.mean, dtype=torch.float64, device="cpu").reshape(shape)
         self.std = torch.tensor(stats.std, dtype=torch.float64, device="cpu").reshape(shape)
+        self.keep = None
+        if stats.ignored:
+            keep = torch.ones(len(stats.mean), dtype=torch.bool, device="cpu")
+            keep[list(stats.ignored)] = False
+            self.keep = keep.reshape(shape)
 
     def __call__(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -177,8 +182,12 @@ class Standardize:
         return args, {**kwargs, "obs": self.apply(kwargs["obs"])}
 
     def apply(self, obs: torch.Tensor) -> torch.Tensor:
-        """``(obs - mean) / std`` in ``obs``'s dtype and device."""
-        return (obs - self.mean.to(obs)) / self.std.to(obs)
+        """``(obs - mean) / std`` in ``obs``'s dtype and device, the ignored features 0."""
+        standardized = (obs - self.mean.to(obs)) / self.std.to(obs)
+        if self.keep is None:
+            return standardized
+        # where, not a product: an ignored feature holding inf or NaN is still 0.
+        return torch.where(self.keep.to(obs.device), standardized, 0.0)
 
 
 def build_models(specs: Mapping[str, ModuleSpec], seed: int) -> dict[str, nn.Module]:

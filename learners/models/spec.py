@@ -144,6 +144,11 @@ class InputStats(BaseModel):
         description="Standard deviation of each feature (flattened), > 0 (a constant "
         "feature's is 1)."
     )
+    ignored: tuple[int, ...] = Field(
+        (),
+        description="Features (flattened indices) the module reads as 0 after standardising, "
+        "whatever they hold (data.ignore_obs_features).",
+    )
 
     @model_validator(mode="after")
     def _one_per_feature(self) -> InputStats:
@@ -151,6 +156,12 @@ class InputStats(BaseModel):
             raise ValueError(f"{len(self.mean)} means but {len(self.std)} standard deviations")
         if any(not std > 0 for std in self.std):
             raise ValueError(f"every std must be > 0, got {list(self.std)}")
+        outside = [i for i in self.ignored if not 0 <= i < len(self.mean)]
+        if outside or len(set(self.ignored)) != len(self.ignored):
+            raise ValueError(
+                f"ignored features must be distinct indices in [0, {len(self.mean)}), got "
+                f"{list(self.ignored)}"
+            )
         return self
 
 

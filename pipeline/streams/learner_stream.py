@@ -124,6 +124,12 @@ class LearnerStream:
                 "of its split; build fresh streams with split_for_learners to resume"
             )
         expected = {"rank": self.rank, **self._group.settings}
+        for key in _ABSENT_WHEN_OFF:
+            if key in state and key not in expected:
+                raise ValueError(
+                    f"{self.name}: state was saved with {key}={state[key]!r} but this stream "
+                    f"has none; build the streams with the saved settings"
+                )
         for key, value in expected.items():
             if key not in state:
                 raise ValueError(f"{self.name}: state has no {key!r}; expected state() output")
@@ -248,6 +254,11 @@ class LearnerStream:
             raise self._slot.failure
 
 
+_ABSENT_WHEN_OFF = ("shift",)
+"""Settings a stream's state holds only when they are on (states saved before they
+existed resume as off)."""
+
+
 def split_for_learners(
     data: Episodes | ray.data.DataIterator | RowStream | TaskSamples | TaskWindows | TaskStream,
     num_learners: int,
@@ -340,15 +351,18 @@ def _task_plan(
         "ranks": ranks,
         "num_learners": num_learners,
         "pin_memory": pin_memory,
+        "shift": stream.shift,
     }
     rows_per_batch = minibatch_size * (samples.support + samples.query)
+    # Other offsets give other batches: a state resumes only the same shift.
+    shifted = {} if stream.shift is None else {"shift": stream.shift.describe()}
     if isinstance(samples, TaskWindows):
         # Another window size gives other batches: a state resumes only the same one.
-        settings = {"window_rows": samples.window_rows}
+        settings = {"window_rows": samples.window_rows, **shifted}
         return _Plan(
             TaskWindowFeed(samples, **options), ranks, "task_windows", rows_per_batch, settings
         )
-    return _Plan(TaskFeed(samples, **options), ranks, "tasks", rows_per_batch, {})
+    return _Plan(TaskFeed(samples, **options), ranks, "tasks", rows_per_batch, shifted)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -36,6 +36,7 @@ import torch
 from pipeline.streams.collate import Batch, gather
 from pipeline.streams.epoch_feed import Deal
 from pipeline.tasks.grouping import TaskSamples
+from pipeline.tasks.obs_shift import ObsShift, shift_offsets_seed
 from pipeline.tasks.windows import TaskWindows
 
 _DEAL_ROWS = 16384
@@ -56,8 +57,15 @@ class MetaBatches:
         tasks_per_batch: int,
         ranks: Sequence[int],
         num_learners: int,
+        shift: ObsShift | None = None,
     ) -> None:
         support, query = samples.support, samples.query
+        self.shift = shift
+        if shift is not None:
+            if isinstance(samples, TaskSamples):
+                shift.check_observations(samples.arrays["obs"].shape[1:], samples.obs_layout)
+            else:
+                shift.check_observations(samples.schema.obs_shape, samples.schema.obs_layout)
         self.support = support
         self.module_ids = samples.module_ids
         self.tasks = tasks_per_batch
@@ -67,16 +75,24 @@ class MetaBatches:
         self.rows_per_batch = tasks_per_batch * (support + query)
         self._per_deal = max(1, _DEAL_ROWS // (self.rows_per_batch * len(self.ranks)))
 
-    def deals(self, take: Take, rows: np.ndarray, modules: np.ndarray, skip: int) -> Iterator[Deal]:
+    def deals(
+        self,
+        take: Take,
+        rows: np.ndarray,
+        modules: np.ndarray,
+        skip: int,
+        offsets: np.ndarray | None = None,
+    ) -> Iterator[Deal]:
         """Deals of the whole rounds in ``rows`` after the first ``skip``; ``take`` gathers
-        the rows of every column."""
+        the rows of every column; ``offsets``: the ``shift``'s, one row per sample of
+        ``rows``."""
         steps = len(rows) // self.step
         for first in range(min(skip, steps), steps, self._per_deal):
             last = min(first + self._per_deal, steps)
             starts = [
                 j * self.step + rank * self.tasks for rank in self.ranks for j in range(first, last)
             ]
-            batches = self._meta_batches(take, rows, modules, np.asarray(starts))
+            batches = self._meta_batches(take, rows, modules, np.asarray(starts), offsets)
             per_rank = last - first
             dealt = [batches[i * per_rank : (i + 1) * per_rank] for i in range(len(self.ranks))]
             yield Deal(dealt, (last - first) * self.rows_per_batch * len(self.ranks), 0)
@@ -86,7 +102,12 @@ class MetaBatches:
         return Deal([[] for _ in self.ranks], 0, dropped_rows)
 
     def _meta_batches(
-        self, take: Take, rows: np.ndarray, modules: np.ndarray, starts: np.ndarray
+        self,
+        take: Take,
+        rows: np.ndarray,
+        modules: np.ndarray,
+        starts: np.ndarray,
+        offsets: np.ndarray | None,
     ) -> list[dict[str, Batch]]:
         """The meta-batches whose samples begin at ``starts``, gathered together: one
         gather per column and part for the whole deal, then a view per meta-batch (Python
@@ -99,12 +120,18 @@ class MetaBatches:
             by_module = np.argsort(picked_modules, axis=1, kind="stable")
             picked = np.take_along_axis(picked, by_module[..., None], axis=1)
             picked_modules = np.take_along_axis(picked_modules, by_module, axis=1)
+            samples = np.take_along_axis(samples, by_module, axis=1)
         counts = (picked_modules[..., None] == codes).sum(axis=1)
         bounds = np.concatenate([np.zeros((len(starts), 1), int), counts.cumsum(axis=1)], axis=1)
         k = self.support
+        taken = {"support": take(picked[:, :, :k]), "query": take(picked[:, :, k:])}
+        if self.shift is not None:
+            assert offsets is not None, "a feed with a shift deals with its offsets"
+            for tensors in taken.values():
+                self.shift.apply(tensors, offsets[samples])
         parts = {
-            part: {name: t.unbind(0) for name, t in take(index).items()}
-            for part, index in (("support", picked[:, :, :k]), ("query", picked[:, :, k:]))
+            part: {name: t.unbind(0) for name, t in tensors.items()}
+            for part, tensors in taken.items()
         }
         metas = []
         for i, (lows, highs) in enumerate(
@@ -137,18 +164,24 @@ class TaskFeed:
         ranks: Sequence[int],
         num_learners: int,
         pin_memory: bool,
+        shift: ObsShift | None = None,
     ) -> None:
         self._samples = samples
         self._seed = seed
         self._num_learners = num_learners
         self._pin_memory = pin_memory
         self._batches = MetaBatches(
-            samples, tasks_per_batch=tasks_per_batch, ranks=ranks, num_learners=num_learners
+            samples,
+            tasks_per_batch=tasks_per_batch,
+            ranks=ranks,
+            num_learners=num_learners,
+            shift=shift,
         )
 
     def deals(self, epoch: int, skip: int) -> Iterator[Deal]:
         rows, modules = self._samples.epoch_plan(self._seed + epoch)
-        yield from self._batches.deals(self._take, rows, modules, skip)
+        offsets = _offsets(self._batches.shift, shift_offsets_seed(self._seed, epoch), len(rows))
+        yield from self._batches.deals(self._take, rows, modules, skip, offsets)
         size = self._samples.rows_per_sample
         used = len(rows) // self._batches.step * self._batches.step * size
         # Transitions no learner gets this epoch: leftover samples, task remainders.
@@ -211,13 +244,18 @@ class TaskWindowFeed:
         ranks: Sequence[int],
         num_learners: int,
         pin_memory: bool,
+        shift: ObsShift | None = None,
     ) -> None:
         self._windows = windows
         self._seed = seed
         self._num_learners = num_learners
         self._pin_memory = pin_memory
         self._batches = MetaBatches(
-            windows, tasks_per_batch=tasks_per_batch, ranks=ranks, num_learners=num_learners
+            windows,
+            tasks_per_batch=tasks_per_batch,
+            ranks=ranks,
+            num_learners=num_learners,
+            shift=shift,
         )
         self._rows_held = self._max_rows_held = self._windows_read = 0
 
@@ -243,7 +281,12 @@ class TaskWindowFeed:
             pool_rows, pool_modules, take = self._mix(
                 epoch, position, carry, window, rows[:fresh], modules[:fresh]
             )
-            yield from self._batches.deals(take, pool_rows, pool_modules, skip)
+            offsets = _offsets(
+                self._batches.shift,
+                shift_offsets_seed(self._seed, epoch, position),
+                len(pool_rows),
+            )
+            yield from self._batches.deals(take, pool_rows, pool_modules, skip, offsets)
             skip = 0
             # The carried samples are all dealt: free them before gathering the next ones.
             del take
@@ -353,6 +396,12 @@ class TaskWindowFeed:
 
     def _seed_of(self, epoch: int, purpose: int, *keys: int) -> np.random.SeedSequence:
         return np.random.SeedSequence(self._seed + epoch, spawn_key=(purpose, *keys))
+
+
+def _offsets(
+    shift: ObsShift | None, seed: np.random.SeedSequence, samples: int
+) -> np.ndarray | None:
+    return None if shift is None else shift.offsets(seed, samples)
 
 
 def _whole_rounds(carried: int, samples: int, step: int) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.tasks.grouping import TaskSamples
+from pipeline.tasks.obs_shift import ObsShift
 from pipeline.tasks.windows import TaskWindows
 
 
@@ -24,6 +25,9 @@ class TaskStream:
     samples: TaskSamples | TaskWindows
     ranks: Sequence[int] | None = None
     """The learners whose streams to build (default: all of them)."""
+    shift: ObsShift | None = None
+    """A random offset per task sample added to observation features (task augmentation,
+    ``pipeline.tasks.obs_shift``); None: the observations as recorded."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.samples, TaskSamples | TaskWindows):

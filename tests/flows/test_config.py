@@ -95,8 +95,8 @@ def test_learners_section_is_a_meta_config_plus_placement() -> None:
         (
             ["tasks.suport=3"],
             "tasks.suport: unknown field; expected one of: memory_budget_mb, meta_batch, "
-            "mode, query, seed, skip_small_tasks, support, support_episodes, support_from, "
-            "support_window",
+            "mode, query, seed, shift_obs, skip_small_tasks, support, support_episodes, "
+            "support_from, support_window",
         ),
         (
             ["learners.modules.default_policy.bogus=1"],
