@@ -30,6 +30,7 @@ POLICIES = ("unadapted", "adapted", "expert")
     "name",
     [
         *(f"metaworld_{skill}" for skill in ("reach", "push")),
+        "metaworld_push_rl",
         *(
             f"metaworld_{skill}_{variant}"
             for skill in ("reach", "push")
