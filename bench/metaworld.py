@@ -861,12 +861,17 @@ def render_validation(records: list[dict[str, Any]]) -> str:
             f"{details['iterations_per_s']:.1f} | {details['wall_s']:.0f} s (load "
             f"{record['machine']['load_average_1m']:.0f}) |"
         )
-    goals = len(runs[-1]["details"]["validation_goals"])
+    held = {r["shape"]["skill"]: len(r["details"]["validation_goals"]) for r in runs}
+    goals = (
+        str(next(iter(held.values())))
+        if len(set(held.values())) == 1
+        else " or ".join(f"{n} ({skill})" for skill, n in held.items())
+    )
     return "\n".join(
         [
             *lines,
             "",
-            f"Each run trains on the train goals but the last {goals} (in task-id order) and "
+            f"Each run trains on the train goals but the last {goals}, in task-id order, and "
             "evaluates every kept checkpoint on those, with the config's context and rollouts.",
         ]
     )
