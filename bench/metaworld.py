@@ -16,10 +16,11 @@ only): the context learner, MAML behaviour cloning and MACAW, trained and evalua
 3. Records: one per (skill, algorithm, seed): held-out success (any step) after adaptation,
    baseline the expert's; then per skill the summaries the targets are on: reach, adapted
    success of each algorithm over seeds (target >= 0.9); push, the context learner's adapted
-   success (target >= 0.6) and MACAW's lead over MAML cloning in standard errors of the
-   difference (target >= 2); pick-place, the context learner's adapted success, recorded and
-   reported without a target. ``bench/readme_table.py`` builds the
-   results table of docs/metaworld.md from them.
+   success (target >= 0.6), MACAW's lead over MAML cloning in standard errors of the
+   difference (target >= 2) and, with ``context`` and ``context-rl`` summed up together
+   (``--algorithms context context-rl``), offline RL's adapted return over cloning's (target
+   >= 1); pick-place, the context learner's adapted success, recorded and reported without a
+   target. ``bench/readme_table.py`` builds the results table of docs/metaworld.md from them.
 
 4. Recording (b), the published protocol (``--recording b``, bench/metaworld_published.py):
    the records name the recording, every run's returns are normalised by the held-out
@@ -69,15 +70,24 @@ from bench.metaworld_published import (  # noqa: E402
     record_summary,
 )
 from bench.metaworld_validation import checkpoint_curve, validation_goals, validation_split  # noqa: E402
-from bench.records import Baseline, write_record  # noqa: E402
+from bench.records import RESULTS, Baseline, read_records, write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
     "context": "metaworld_{skill}.yaml",
     "maml": "metaworld_{skill}_maml.yaml",
     "macaw": "metaworld_{skill}_macaw.yaml",
+    # Offline RL: the context learner with a value function (push only).
+    "context-rl": "metaworld_{skill}_rl.yaml",
 }
-LABELS = {"context": "context encoder", "maml": "MAML cloning", "macaw": "MACAW"}
+LABELS = {
+    "context": "context encoder",
+    "maml": "MAML cloning",
+    "macaw": "MACAW",
+    "context-rl": "context encoder + value (AWR)",
+}
+DEFAULT_ALGORITHMS = ("context", "maml", "macaw")
+"""The algorithms a bench run without --algorithms trains."""
 SKILLS = ("reach", "push", "pick-place")
 """The skills, in the order the results table lists them."""
 DEFAULT_SKILLS = ("reach", "push")
@@ -263,7 +273,9 @@ def _figures(metrics: dict[str, float]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--skills", nargs="+", default=list(DEFAULT_SKILLS), choices=SKILLS)
-    parser.add_argument("--algorithms", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument(
+        "--algorithms", nargs="+", default=list(DEFAULT_ALGORITHMS), choices=list(CONFIGS)
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=None, help="override the configs'")
     parser.add_argument("--data", type=Path, default=ROOT / "bench" / "data" / "metaworld")
@@ -615,6 +627,8 @@ def _record_summary(
         for algorithm, runs in results.items()
     }
     details = {"seeds": args.seeds, "behaviour": behaviour, "by_algorithm": summary}
+    if "context-rl" in summary:
+        _record_offline_rl(skill, summary, details, args)
     if skill == "reach":
         for algorithm, figures in summary.items():
             gain = mean_and_error(
@@ -696,6 +710,61 @@ def _record_summary(
         ratio=lead if math.isfinite(lead) else 1e9,
         target=">= 2",
         details=details,
+    )
+
+
+def _record_offline_rl(
+    skill: str,
+    summary: dict[str, dict[str, tuple[float, float]]],
+    details: dict[str, Any],
+    args: argparse.Namespace,
+    directory: Path = RESULTS,
+) -> None:
+    """Offline RL against cloning on return: the adapted held-out return of the context
+    learner with its value function over seeds; baseline the cloning context learner's, from
+    this call's runs (``--algorithms context context-rl``) or else from the newest
+    ``summary-<skill>-context`` record (named in ``details.baseline_from``); ratio >= 1:
+    offline RL at least as good. ``details.lead_se``: the difference of the means in
+    standard errors of the difference. Records are read from and written to ``directory``."""
+    rl, rl_se = summary["context-rl"]["return_adapted"]
+    if "context" in summary:
+        (cloning, cloning_se), source = summary["context"]["return_adapted"], "this call's runs"
+    else:
+        earlier = [r for r in read_records(directory) if r["figure"] == f"summary-{skill}-context"]
+        if not earlier:
+            print(f"{skill}: no cloning summary to compare with: add --algorithms context")
+            return
+        newest = max(earlier, key=lambda r: r["date"])
+        cloning, cloning_se = newest["details"]["by_algorithm"]["context"]["return_adapted"]
+        source = (
+            f"record summary-{skill}-context of {newest['date']} at "
+            f"{(newest['git']['revision'] or 'no git')[:10]}"
+        )
+    joint = math.hypot(rl_se, cloning_se)
+    lead = (rl - cloning) / joint if joint > 0 else 0.0
+    print(
+        f"{skill}: adapted return, offline RL {rl:.0f} ± {rl_se:.0f}, cloning "
+        f"{cloning:.0f} ± {cloning_se:.0f} ({source}): {lead:+.1f} s.e."
+    )
+    write_record(
+        "metaworld",
+        f"summary-{skill}-context-rl-vs-context",
+        f"Meta-World ML1 {skill}-v3: the context learner with a value function (advantage-"
+        "weighted regression)'s held-out return after adaptation, mean over seeds; baseline: "
+        "the cloning context learner's (details.baseline_from); ratio: offline RL over cloning",
+        rl,
+        "return",
+        shape={**_shape(skill, "context-rl", args), "seeds": len(args.seeds)},
+        baseline=Baseline("context learner cloning, held-out return (mean of seeds)", cloning),
+        target=">= 1",
+        details={
+            **details,
+            "standard_error": rl_se,
+            "baseline_standard_error": cloning_se,
+            "baseline_from": source,
+            "lead_se": lead,
+        },
+        directory=directory,
     )
 
 

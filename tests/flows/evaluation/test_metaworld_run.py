@@ -31,6 +31,7 @@ POLICIES = ("unadapted", "adapted", "expert")
     "name",
     [
         *(f"metaworld_{skill}" for skill in ("reach", "push", "pick_place")),
+        "metaworld_push_rl",
         *(
             f"metaworld_{skill}_{variant}"
             for skill in ("reach", "push")
