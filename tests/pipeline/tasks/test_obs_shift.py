@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from flows.config import ConfigError, load_config
 from pipeline.contract.schema import DEFAULT_MODULE_ID
 from pipeline.reads.episodes import inspect_episodes
 from pipeline.streams.learner_stream import split_for_learners
@@ -17,6 +18,7 @@ from pipeline.tasks.obs_shift import ObsShift
 from pipeline.tasks.options import TaskStream
 from pipeline.tasks.samples import read_task_samples
 from tests.helpers.episode_files import episode_table, tensor
+from tests.helpers.paths import REPO
 
 K, Q, OBS = 4, 6, 7
 SIZES = {f"t{i:02d}": 20 + (7 * i) % 31 for i in range(24)}
@@ -172,3 +174,24 @@ def test_features_outside_the_observation_are_refused(data):
     assert str(caught.value) == (
         "tasks.shift_obs.features: feature 7 is outside the observation's 7 features"
     )
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        (
+            "tasks.shift_obs.features=[[0, 1], [2]]",
+            "tasks.shift_obs: every group must have as many features as the first (2), got "
+            "[[0, 1], [2]]",
+        ),
+        (
+            "tasks.shift_obs.scale=0",
+            "tasks.shift_obs.scale: Input should be greater than 0 (got 0)",
+        ),
+    ],
+)
+def test_a_malformed_shift_in_a_config_is_refused_naming_the_key(override, line):
+    reach = REPO / "flows" / "configs" / "metaworld_reach.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load_config(reach, [override])
+    assert str(caught.value) == f"invalid config {reach} (1 error):\n  {line}"
