@@ -206,8 +206,13 @@ def render_headlines(rows: list[FigureRow], headlines: tuple[Headline, ...] = HE
         "| figure | latest (date) | range (runs) | target | met (runs met) | shape |",
         "|---|---|---|---|---|---|",
     ]
+    previous_shape = None
     for headline, row in chosen:
         record = row.latest
+        # A figure of the same runs as the row above (reach's three summaries) says so
+        # instead of repeating the shape: the front page has a size limit.
+        shape = _shape_text(record["shape"])
+        shown, previous_shape = ("as above" if shape == previous_shape else shape), shape
         if record["target"] is None:
             met = "report only"
         else:
@@ -218,7 +223,7 @@ def render_headlines(rows: list[FigureRow], headlines: tuple[Headline, ...] = HE
             f"{_format(row.low)}–{_format(row.high)} ({row.runs})",
             record["target"] or "none",
             met,
-            _shape_text(record["shape"]),
+            shown,
         ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines)

@@ -59,6 +59,7 @@ def test_the_readme_shows_the_headline_figures_that_have_records():
         "summary-reach-context-gain",
         "summary-push-context",
         "summary-b-reach-context-online",
+        "summary-b-push-context-online",
     ]
 
 
@@ -305,6 +306,19 @@ def test_a_headline_shows_the_row_of_its_figure_whose_latest_run_is_newest(tmp_p
     assert render_headlines([], headlines) == (
         "No records yet: run the bench scripts (see docs/development.md)."
     )
+
+
+def test_a_headline_of_the_same_runs_as_the_row_above_says_as_above(tmp_path):
+    for figure, shape in (("1-a", {"rows": 10}), ("2-b", {"rows": 10}), ("3-c", {"rows": 5})):
+        write_record("demo", figure, figure, 1.0, "rows/s", shape=shape, directory=tmp_path)
+    headlines = tuple(Headline("demo", f, f) for f in ("1-a", "2-b", "3-c"))
+    shapes = [
+        line.rsplit("|", 2)[1].strip()
+        for line in render_headlines(figure_rows(read_records(tmp_path)), headlines).splitlines()[
+            2:
+        ]
+    ]
+    assert shapes == ["rows 10", "as above", "rows 5"]
 
 
 @pytest.mark.parametrize(
