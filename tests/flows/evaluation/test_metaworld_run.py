@@ -45,7 +45,9 @@ def test_the_metaworld_configs_validate_and_fit_their_samples(
     monkeypatch.chdir(REPO)
     cfg = load_config(CONFIGS / f"{name}.yaml")
     assert cfg.evaluation.env == "pipeline.benchmarks.metaworld_env:ml1_env"
-    skill = name.removeprefix("metaworld_").removesuffix("_maml").removesuffix("_macaw")
+    skill = name.removeprefix("metaworld_")
+    for variant in ("_maml", "_macaw", "_rl"):
+        skill = skill.removesuffix(variant)
     for split in ("train", "heldout"):
         sample = Path("data/samples") / f"metaworld_{skill}" / split
         assert Path(getattr(cfg.data, split)) == sample
