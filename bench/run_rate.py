@@ -230,9 +230,8 @@ def bare_step(cfg: MetaTrainConfig, count: int) -> Bare:
 
     from flows.stages.datasets import validate_datasets
     from flows.stages.normalization import learner_config
-    from flows.stages.train import build_task_samples
+    from flows.stages.train import build_task_samples, training_stream
     from learners.meta.learner import MetaLearner
-    from pipeline.streams.learner_stream import split_for_learners
 
     quiet = logging.getLogger("bench.run_rate")
     quiet.propagate = False
@@ -241,10 +240,8 @@ def bare_step(cfg: MetaTrainConfig, count: int) -> Bare:
         data = validate_datasets(cfg).train
         samples = build_task_samples(cfg, data, quiet)
         summary = samples.summary()
-        training, tasks = cfg.training, cfg.tasks
-        (stream,) = split_for_learners(
-            samples, 1, minibatch_size=tasks.meta_batch, seed=tasks.seed, device=training.device
-        )
+        training = cfg.training
+        stream = training_stream(cfg, samples, device=training.device)
         with stream:
             batches = list(stream.take(count))
         learner = MetaLearner(learner_config(cfg, data), device=training.device)

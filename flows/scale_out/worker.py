@@ -30,6 +30,7 @@ from flows.config import MetaTrainConfig
 from flows.runs.run_storage import RunDir, run_at
 from flows.runs.train_state import learner_shard, restore
 from flows.stages.progress import TrainingProgress
+from flows.stages.train import training_stream
 from learners.meta.meta_batch import MetaBatch
 from learners.training.data_parallel import (
     CrossWorkerMetrics,
@@ -39,8 +40,7 @@ from learners.training.data_parallel import (
 )
 from learners.training.loop import History, run_meta_training
 from pipeline.io.checkpoints import write_shard
-from pipeline.streams.learner_stream import LearnerStream, split_for_learners
-from pipeline.tasks.options import TaskStream
+from pipeline.streams.learner_stream import LearnerStream
 from pipeline.tasks.samples import read_task_samples
 
 ATTEMPTS_DIR = "ray/train/offmeta-attempts"
@@ -90,13 +90,7 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     # spans every task), then keeps the meta-batches of its own rank.
     samples = read_task_samples(config["dataset"], **config["sampling"])
     tasks, training = cfg.tasks, cfg.training
-    (stream,) = split_for_learners(
-        TaskStream(samples, ranks=[rank], shift=tasks.obs_shift()),
-        world,
-        minibatch_size=tasks.meta_batch,
-        seed=tasks.seed,
-        device=device,
-    )
+    stream = training_stream(cfg, samples, device=device, rank=rank, world=world)
     learner = DataParallelMetaLearner.from_state(
         config["initial_state"], device=device, metrics=CrossWorkerMetrics()
     )

@@ -30,7 +30,7 @@ from learners.training.loop import History, run_meta_training
 from pipeline.artifacts import ArtifactNotFoundError, ArtifactStore
 from pipeline.io.checkpoints import latest_checkpoint, save_checkpoint
 from pipeline.reads.episodes import Episodes
-from pipeline.streams.learner_stream import split_for_learners
+from pipeline.streams.learner_stream import LearnerStream, split_for_learners
 from pipeline.tasks.grouping import TaskSamples
 from pipeline.tasks.options import TaskStream
 from pipeline.tasks.samples import task_samples
@@ -66,13 +66,7 @@ def train(
     training, tasks = cfg.training, cfg.tasks
     checkpoints = Path(run_dir) / CHECKPOINTS
     samples = build_task_samples(cfg, data, logger)
-    (stream,) = split_for_learners(
-        TaskStream(samples, shift=tasks.obs_shift()),
-        1,
-        minibatch_size=tasks.meta_batch,
-        seed=tasks.seed,
-        device=training.device,
-    )
+    stream = training_stream(cfg, samples, device=training.device)
     learner = MetaLearner(learner_config(cfg, data), device=training.device)
 
     with contextlib.closing(stream):
@@ -122,6 +116,28 @@ def train(
         resumed_from=resumed_from,
         tasks=samples.summary(),
     )
+
+
+def training_stream(
+    cfg: MetaTrainConfig,
+    samples: TaskSamples | TaskWindows,
+    *,
+    device: torch.device | str,
+    rank: int = 0,
+    world: int = 1,
+) -> LearnerStream:
+    """Learner ``rank``'s meta-batches of ``samples`` out of ``world`` learners, as
+    ``cfg.tasks`` deals them (meta-batch size, seed, ``shift_obs``): the train stage's, a Ray
+    Train worker's and the bench's one way of dealing them."""
+    tasks = cfg.tasks
+    (stream,) = split_for_learners(
+        TaskStream(samples, ranks=[rank], shift=tasks.obs_shift()),
+        world,
+        minibatch_size=tasks.meta_batch,
+        seed=tasks.seed,
+        device=device,
+    )
+    return stream
 
 
 def build_task_samples(
