@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from flows.config_text import ConfigError, apply_override, format_errors, one_line
 from learners.config import MetaConfig
@@ -72,6 +81,14 @@ class EpisodeConditionConfig(BaseModel):
                 f"{len(chosen)}"
             )
         return self
+
+    @model_serializer(mode="wrap")
+    def _its_one_test(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The column and the one test it was given, so that a dump (a run's recorded
+        config, a Ray Train worker's) validates back as the same condition."""
+        unset = [name for name in ("in_", "not_in", "ever") if name not in self.model_fields_set]
+        keys = set(unset) | {type(self).model_fields[name].alias for name in unset}
+        return {key: value for key, value in handler(self).items() if key not in keys}
 
     def as_condition(self) -> tuple[str, str, tuple[Any, ...]]:
         """``(column, kind, values)``, the words of ``pipeline.reads.selection``."""
@@ -475,6 +492,15 @@ class EvaluationConfig(BaseModel):
         description="Exploration episodes per held-out task with context: online; each gives "
         "its first tasks.support_window steps (or all of the shortest episode's length).",
     )
+    context_window: int | Literal["whole"] | None = Field(
+        None,
+        description="Steps of each recorded episode in a held-out task's context "
+        "(tasks.support_from: episodes, context: offline): null, training's "
+        "(tasks.support_window); W, W consecutive steps; whole, the whole episode (every "
+        "held-out episode must then have one length). An encoder that pools its context's "
+        "steps tells the task better from more of them (docs/episodes.md#context-window). "
+        "Online exploration episodes keep their own rule (docs/episodes.md#online-context).",
+    )
     context_explore: ContextExplore = Field(
         "prior",
         description="Which policy runs the exploration episodes of context: online. prior: "
@@ -524,6 +550,15 @@ class EvaluationConfig(BaseModel):
         if columns is not None and not columns:
             raise ValueError("expected at least one column, or null for dataset.json 'tasks'")
         return columns
+
+    @field_validator("context_window", mode="before")
+    @classmethod
+    def _window_or_whole(cls, value: Any) -> Any:
+        if value is None or value == "whole":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"expected an int >= 1, 'whole' or null, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _online_rolls_out(self) -> EvaluationConfig:
@@ -698,6 +733,17 @@ class MetaTrainConfig(BaseModel):
     )
     artifacts: ArtifactsConfig = Field(description="Artifact store and name.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray session.")
+
+    @model_validator(mode="after")
+    def _context_of_episodes(self) -> MetaTrainConfig:
+        window = self.evaluation.context_window
+        if window is not None and self.tasks.support_from != "episodes":
+            raise ValueError(
+                f"evaluation.context_window={window!r} takes steps of a held-out task's context "
+                "episodes; tasks.support_from is 'transitions': set tasks.support_from to "
+                "episodes or drop evaluation.context_window"
+            )
+        return self
 
     @model_validator(mode="after")
     def _s3_runs_on_ray_train(self) -> MetaTrainConfig:

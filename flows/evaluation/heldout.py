@@ -205,7 +205,7 @@ def evaluate(
     learner = MetaLearner.from_state(learner_state, device=cfg.training.device)
     samples = task_samples(
         heldout,
-        **support_options(cfg),
+        **support_options(cfg, heldout=True),
         modules_to_update=learner.config.data_modules,
         skip_small_tasks=cfg.tasks.skip_small_tasks,
         gamma=cfg.data.gamma,

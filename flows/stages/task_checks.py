@@ -56,7 +56,9 @@ def check_task_sampling(cfg: MetaTrainConfig, train: DatasetInfo, heldout: Datas
         samples = _check_episodes(cfg, episodes, f"train dataset {train.root}", lengths)
         _check_meta_batch(cfg, f"train dataset {train.root}", samples)
         where = f"held-out dataset {heldout.root}"
-        _check_episodes(cfg, episodes, where, episode_lengths(heldout, modules))
+        context = heldout_episode_support(cfg)
+        assert context is not None  # of episodes whenever training's are
+        _check_episodes(cfg, context, where, episode_lengths(heldout, modules), heldout=True)
     _check_windows(cfg, train)
     _check_evaluation(cfg, heldout)
 
@@ -69,9 +71,20 @@ def episode_support(cfg: MetaTrainConfig) -> EpisodeSupport | None:
     return EpisodeSupport(tasks.support_episodes, window=tasks.support_window)
 
 
-def support_options(cfg: MetaTrainConfig) -> dict[str, Any]:
-    """The ``task_samples`` keywords of what a support set is (training and held-out)."""
+def heldout_episode_support(cfg: MetaTrainConfig) -> EpisodeSupport | None:
+    """A held-out task's context episodes: training's (``episode_support``) with the steps
+    of ``evaluation.context_window`` when it is set (``whole``: whole episodes)."""
     episodes = episode_support(cfg)
+    window = cfg.evaluation.context_window
+    if episodes is None or window is None:
+        return episodes
+    return EpisodeSupport(episodes.episodes, window=None if window == "whole" else window)
+
+
+def support_options(cfg: MetaTrainConfig, *, heldout: bool = False) -> dict[str, Any]:
+    """The ``task_samples`` keywords of what a support set is in training, or with
+    ``heldout`` in a held-out task's context."""
+    episodes = heldout_episode_support(cfg) if heldout else episode_support(cfg)
     if episodes is None:
         return {"support": cfg.tasks.support, "query": cfg.tasks.query}
     return {"episode_support": episodes, "query": cfg.tasks.query}
@@ -82,16 +95,24 @@ def _check_episodes(
     episodes: EpisodeSupport,
     where: str,
     lengths: dict[tuple[str, str], np.ndarray],
+    *,
+    heldout: bool = False,
 ) -> dict[tuple[str, str], int]:
     """Episode support sets: one episode length (whole episodes) and enough episodes per
-    task; the samples each task gives per epoch."""
+    task; the samples each task gives per epoch. ``heldout``: the held-out contexts, whose
+    steps ``evaluation.context_window`` may set."""
     if not lengths:
         return {}  # no rows of the modules read: flows.stages.datasets says so
     tasks = cfg.tasks
+    window_key = "tasks.support_window"
+    if heldout and cfg.evaluation.context_window is not None:
+        window_key = "evaluation.context_window"
     keys = "tasks.support_episodes or tasks.query"
     if episodes.window is not None:
-        keys = "tasks.support_episodes, tasks.support_window or tasks.query"
-    episode_steps(episodes, np.concatenate(list(lengths.values())), where)
+        keys = f"tasks.support_episodes, {window_key} or tasks.query"
+    episode_steps(
+        episodes, np.concatenate(list(lengths.values())), where, window_key=f"{window_key}: W"
+    )
     check_episode_sizes(
         episodes,
         lengths,

@@ -88,9 +88,15 @@ def episode_rows(eps_ids: pa.ChunkedArray | pa.Array, group_offsets: np.ndarray)
     return EpisodeRows(starts, lengths, group)
 
 
-def episode_steps(support: EpisodeSupport, lengths: np.ndarray, where: str) -> int:
+def episode_steps(
+    support: EpisodeSupport,
+    lengths: np.ndarray,
+    where: str,
+    window_key: str = "tasks.support_window: W, or EpisodeSupport(window=W)",
+) -> int:
     """Steps each support episode gives: the window, or the one length of every episode
-    (``lengths``) for whole episodes, refused when they differ."""
+    (``lengths``) for whole episodes, refused when they differ (``window_key``: the setting
+    that would take a window instead, as the caller words it)."""
     if support.window is not None:
         return support.window
     shortest, longest = int(lengths.min()), int(lengths.max())
@@ -98,8 +104,7 @@ def episode_steps(support: EpisodeSupport, lengths: np.ndarray, where: str) -> i
         raise DatasetError(
             f"{where}: whole episodes as support sets need every episode to have one length "
             f"(vmap stacks them), but the episodes have {shortest} to {longest} steps; take W "
-            "consecutive steps of each support episode instead (tasks.support_window: W, or "
-            "EpisodeSupport(window=W))"
+            f"consecutive steps of each support episode instead ({window_key})"
         )
     return shortest
 

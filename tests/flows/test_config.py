@@ -82,6 +82,24 @@ def test_dumped_config_validates_back_to_the_same_config() -> None:
     assert again.learners.inner.learned_lr == "element"
 
 
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_shipped_config_validates_back_from_its_dump(path: Path) -> None:
+    # A run records its config this way (--resume reads it back), and Ray Train workers get
+    # theirs so: data.episodes_where's conditions once dumped all three tests, refused.
+    cfg = load_config(path)
+    for mode in ("json", "python"):
+        assert MetaTrainConfig.model_validate(cfg.model_dump(mode=mode)) == cfg
+
+
+def test_an_episode_condition_dumps_only_its_own_test() -> None:
+    cfg = load_config(
+        POINT_ROBOT,
+        ["data.episodes_where={train: [{column: b, in: [x]}, {column: c, ever: true}]}"],
+    )
+    dumped = cfg.model_dump(mode="json", by_alias=True)["data"]["episodes_where"]["train"]
+    assert dumped == [{"column": "b", "in": ["x"]}, {"column": "c", "ever": True}]
+
+
 def test_learners_section_is_a_meta_config_plus_placement() -> None:
     assert issubclass(LearnersConfig, MetaConfig)
     own = set(LearnersConfig.model_fields) - set(MetaConfig.model_fields)
