@@ -26,12 +26,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this folder comes first on sys.path and bench/learners.py would shadow the
-# `learners` package; the repository root must come first.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Run as a script, this folder comes first on sys.path, where bench/metaworld.py would shadow
+# the `metaworld` package (the evaluation's simulator) and bench/learners.py the `learners`
+# package: this folder leaves sys.path and the repository root comes first.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from bench.records import Baseline, write_record
-from flows.process.runtime import set_quiet_environment
+from bench.records import Baseline, write_record  # noqa: E402
+from flows.process.runtime import set_quiet_environment  # noqa: E402
 
 FIGURES = ("success_any", "success_final", "return")
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from flows.config import ConfigError, MetaTrainConfig, load_config
 from flows.process.console import permanent_failures_in_one_line
+from flows.process.heap import keep_freed_memory
 from flows.process.prefect_api import PrefectApiError, check_api_answers, prefect_api_url
 from flows.process.prefect_server import PrefectApi
 from flows.process.runtime import RayStart, set_quiet_environment
@@ -110,6 +111,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     began = time.perf_counter()
     set_quiet_environment()
+    try:
+        keep_freed_memory()
+    except ValueError as error:
+        print(f"offmeta run: {error}", file=sys.stderr)
+        return 2
     try:
         with ending_on_signals(), interruptible(STARTING, run_dir=resume):
             # Prefect's temporary server takes ~10 s to boot and Ray a few: both start while

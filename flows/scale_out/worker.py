@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from flows.config import MetaTrainConfig
+from flows.process.heap import keep_freed_memory
 from flows.runs.run_storage import RunDir, run_at
 from flows.runs.train_state import learner_shard, restore
 from flows.stages.progress import TrainingProgress
@@ -78,6 +79,7 @@ def train_loop_per_worker(config: Mapping[str, Any]) -> dict[str, Any] | None:
     rank, world = context.get_world_rank(), context.get_world_size()
     cfg = MetaTrainConfig.model_validate(config["cfg"])
     torch.set_num_threads(max(1, math.floor(config["cpus_per_worker"])))
+    keep_freed_memory()
     device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
