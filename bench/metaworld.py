@@ -881,6 +881,8 @@ def render_validation(records: list[dict[str, Any]]) -> str:
         trial = ", ".join(f"`{k}={v}`" for k, v in shape.get("trial", {}).items())
         trial = "; ".join(part for part in (trial, shape.get("note")) if part) or "as shipped"
         trial += f" (at {(record['git']['revision'] or 'no git')[:7]})"
+        if shape.get("recording", "a") != "a":
+            trial += f", recording ({shape['recording']})"
         curve = "; ".join(
             f"{p['iteration']}: {p['success_adapted']:.2f} ({p['success_unadapted']:.2f})"
             for p in details["curve"]

@@ -14,7 +14,9 @@ config's compile mode and torch threads, seeded the same) on meta-batches of the
 stream (`split_for_learners` as `flows.stages.train` calls it), prefetched into memory, after
 its compilation and warm-up: no logging, no checkpoints, no feed. Its rate is the best of
 blocks of M steps (the progress period), timed before and after each run; the run's best
-period is printed beside it for a like-for-like look.
+period is printed beside it for a like-for-like look. Both sides run with the malloc settings
+of `flows.process.heap` (the run sets them itself, this process for the bare step); the run's
+peak resident memory is recorded beside them.
 
 Both figures are ratios run / bare (target for the steady rate: >= 1/1.2, i.e. 0.83),
 written as records (`bench/records.py`) with the machine's load before and after, torch
@@ -50,6 +52,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.records import Baseline, write_record
+from flows.process.heap import keep_freed_memory
 from flows.process.runtime import set_quiet_environment
 
 if TYPE_CHECKING:
@@ -171,12 +174,23 @@ def _overrides(iterations: int, log_every: int, folder: Path) -> list[str]:
 
 
 class Finished(NamedTuple):
-    """A finished `offmeta run`: its output, wall seconds, and its CPU time when each
-    progress line was read (by iteration)."""
+    """A finished `offmeta run`: its output, wall seconds, its CPU time when each progress
+    line was read (by iteration) and its peak resident memory by then."""
 
     output: str
     wall_s: float
     cpu: dict[int, dict[str, float]]
+    peak_rss_mib: float | None
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """Process `pid`'s peak resident set so far (VmHWM, Linux), MiB; None when unreadable."""
+    try:
+        status = (Path("/proc") / str(pid) / "status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) / 1024 if found else None
 
 
 def run_offmeta(config: Path, overrides: list[str]) -> Finished:
@@ -191,7 +205,7 @@ def run_offmeta(config: Path, overrides: list[str]) -> Finished:
         "PREFECT_LOGGING_ROOT_LEVEL": "INFO",
         "PREFECT_LOGGING_COLORS": "false",
     }
-    lines, cpu = [], {}
+    lines, cpu, peak = [], {}, None
     started = time.perf_counter()
     with subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -202,11 +216,12 @@ def run_offmeta(config: Path, overrides: list[str]) -> Finished:
             progress = _PROGRESS.match(line)
             if progress is not None:
                 cpu[int(progress.group(4))] = thread_cpu(process.pid)
+                peak = peak_rss_mib(process.pid) or peak
     wall = time.perf_counter() - started
     output = "".join(lines)
     if process.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {process.returncode}:\n{output[-4000:]}")
-    return Finished(output, wall, cpu)
+    return Finished(output, wall, cpu, peak)
 
 
 class Bare(NamedTuple):
@@ -296,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from flows.config import load_config
 
+    # The bare step gets the malloc settings `offmeta run` gives its training thread.
+    kept = keep_freed_memory()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="offmeta-run-rate-") as tmp:
         folder = Path(tmp)
@@ -306,12 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         mode = "compiled" if bare.compiled else "eager"
         print(f"bare step {mode} (compile {bare.compile_s:.0f} s)", flush=True)
         blocks = bare_blocks(bare, args.log_every, args.blocks)
-        runs, walls = [], []
+        runs, walls, peaks = [], [], []
         for index in range(args.rounds):
             at = folder / f"round-{index}"
             finished = run_offmeta(args.config, _overrides(args.iterations, args.log_every, at))
             runs.append(read_run(finished.output, finished.cpu))
             walls.append(finished.wall_s)
+            peaks.append(finished.peak_rss_mib)
             blocks += bare_blocks(bare, args.log_every, args.blocks)
             print(f"round {index + 1}: {runs[-1]}", flush=True)
     load_after = os.getloadavg()
@@ -350,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         "bare_cpu_s_per_step": [block.cpu_per_step for block in blocks],
         "runs": [run._asdict() for run in runs],
         "run_wall_s": walls,
+        "run_peak_rss_mib": peaks,
+        "malloc": "kept (flows.process.heap)" if kept else "glibc defaults",
         "rounds": args.rounds,
     }
     baseline = Baseline(

@@ -73,6 +73,33 @@ def test_the_validation_table_lists_each_trial_and_its_curve(tmp_path: Path) -> 
     assert table[2].startswith("| reach-v3 | context encoder | `a.b=1` (at ")
     assert f" | 0 | {curve} | 0.50 | 20.0 | 300 s" in table[2]
     assert table[-1].startswith("Each run trains on the train goals but the last 2 (in task")
+    assert "recording" not in table[2]  # recording (a), the default, goes unnamed
+
+
+def test_a_validation_run_on_recording_b_says_so(tmp_path: Path) -> None:
+    point = {
+        f"{m}_{p}": 0.5
+        for m in ("success", "success_final", "return")
+        for p in ("unadapted", "adapted")
+    }
+    write_record(
+        "metaworld",
+        "validation-reach-context-seed0",
+        "a validation run",
+        0.5,
+        "success rate",
+        shape={"skill": "reach-v3", "algorithm": "context", "seed": 0, "recording": "b"},
+        details={
+            "validation_goals": ["train-00039"],
+            "curve": [{"iteration": 6000, **point}],
+            "wall_s": 300.0,
+            "iterations_per_s": 20.0,
+        },
+        directory=tmp_path,
+    )
+    row = render_validation(read_records(tmp_path)).splitlines()[2]
+    assert row.startswith("| reach-v3 | context encoder | as shipped (at ")
+    assert "), recording (b) | 0 | 6000: 0.50 (0.50) |" in row
 
 
 def test_the_validation_table_names_each_skills_goals_held_aside(tmp_path: Path) -> None:
