@@ -561,6 +561,11 @@ def _shape(skill: str, algorithm: str, args: argparse.Namespace) -> dict[str, An
             if (shift := cfg.tasks.shift_obs) is not None
             else {}
         ),
+        **(
+            {"heldout_context": "whole episodes" if window == "whole" else f"{window} steps"}
+            if (window := cfg.evaluation.context_window) is not None
+            else {}
+        ),
     }
 
 

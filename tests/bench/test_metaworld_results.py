@@ -124,3 +124,19 @@ def test_behaviour_stats_count_each_episode_once(tmp_path: Path) -> None:
         "return": 5.0,
         "episodes": 2,
     }
+
+
+def test_a_record_s_shape_names_the_held_out_context_when_the_config_sets_it(
+    tmp_path: Path,
+) -> None:
+    import argparse
+    import shutil
+
+    from bench.metaworld import _shape
+
+    sample = REPO / "data" / "samples" / "metaworld_reach" / "train"
+    (tmp_path / "reach" / "train").mkdir(parents=True)
+    shutil.copy(sample / "dataset.json", tmp_path / "reach" / "train" / "dataset.json")
+    args = argparse.Namespace(data=tmp_path, recording="a", iterations=None)
+    assert _shape("reach", "context", args)["heldout_context"] == "whole episodes"
+    assert "heldout_context" not in _shape("reach", "maml", args)
