@@ -89,7 +89,17 @@ class ObsShift:
                 continue
             moved = tensor.new_tensor(offsets).unsqueeze(-2)
             for group in self.groups:
-                tensor[..., list(group)] += moved
+                tensor[..., _index(group)] += moved
+
+
+def _index(group: tuple[int, ...]) -> slice | list[int]:
+    """A slice for consecutive increasing features (a view: added to in place, without the
+    gather and scatter of a list index, which cost the feed's thread ~0.3 ms per group on
+    reach's meta-batches), else the list."""
+    first = group[0]
+    if group == tuple(range(first, first + len(group))):
+        return slice(first, first + len(group))
+    return list(group)
 
 
 def shift_offsets_seed(seed: int, epoch: int, *keys: int) -> np.random.SeedSequence:

@@ -195,3 +195,18 @@ def test_a_malformed_shift_in_a_config_is_refused_naming_the_key(override, line)
     with pytest.raises(ConfigError) as caught:
         load_config(reach, [override])
     assert str(caught.value) == f"invalid config {reach} (1 error):\n  {line}"
+
+
+@pytest.mark.parametrize("groups", [((0, 1), (4, 5)), ((1, 0), (5, 3)), ((2,), (0,))])
+def test_apply_adds_each_offset_to_its_features_in_any_order_of_indices(groups) -> None:
+    shift = ObsShift(groups, 1.0)
+    obs = torch.arange(2 * 3 * 6, dtype=torch.float32).reshape(2, 3, 6)
+    offsets = np.array([[10.0, 20.0], [30.0, 40.0]])[:, : shift.width]
+    expected = obs.clone()
+    for sample in range(2):
+        for group in groups:
+            for coordinate, feature in enumerate(group):
+                expected[sample, :, feature] += offsets[sample, coordinate]
+    moved = {"obs": obs.clone()}
+    shift.apply(moved, offsets)
+    assert torch.equal(moved["obs"], expected)
