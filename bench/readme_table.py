@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.metaworld import LABELS as METAWORLD_LABELS
-from bench.metaworld import render_results as render_metaworld
 from bench.metaworld_published import render_published
+from bench.metaworld_tables import render_results as render_metaworld
 from bench.records import RESULTS, ROOT, read_records
 
 README = ROOT / "README.md"

@@ -1,4 +1,4 @@
-"""docs/metaworld.md's results table (bench/metaworld.py ``render_results``): per skill the
+"""docs/metaworld.md's results table (bench/metaworld_tables.py ``render_results``): per skill the
 behaviour data, the expert and each algorithm's unadapted and adapted policy, mean ± s.e. over
 the latest run of each seed, runs of another shape left out."""
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.metaworld import behaviour_stats, config_path, main, render_results
+from bench.metaworld import behaviour_stats, config_path, main
+from bench.metaworld_tables import render_results
 from bench.records import read_records, write_record
 from tests.helpers.paths import REPO
 

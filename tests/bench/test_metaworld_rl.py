@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.metaworld import _record_offline_rl, render_results
+from bench.metaworld import _record_offline_rl
+from bench.metaworld_tables import render_results
 from bench.records import read_records, write_record
 from flows.config import load_config
 from tests.helpers.paths import REPO

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bench.metaworld import render_validation
+from bench.metaworld_tables import render_validation
 from bench.metaworld_validation import validation_goals, validation_split
 from bench.records import read_records, write_record
 from pipeline.reads.episodes import inspect_episodes
