@@ -17,6 +17,12 @@ from pipeline.reads.episodes import inspect_episodes
 from tests.helpers.paths import REPO
 
 SAMPLE = REPO / "data" / "samples" / "metaworld_reach" / "train"
+POINT = {
+    f"{measure}_{policy}": 0.5
+    for measure in ("success", "success_final", "return")
+    for policy in ("unadapted", "adapted")
+}
+"""One point of a learning curve, every figure 0.5."""
 
 
 def test_the_split_holds_the_last_goals_aside_and_keeps_every_row(tmp_path: Path) -> None:
@@ -45,11 +51,6 @@ def test_a_split_that_leaves_no_goal_is_refused() -> None:
 
 def test_the_validation_table_lists_each_trial_and_its_curve(tmp_path: Path) -> None:
     assert "No validation records yet" in render_validation(read_records(tmp_path))
-    point = {
-        f"{m}_{p}": 0.5
-        for m in ("success", "success_final", "return")
-        for p in ("unadapted", "adapted")
-    }
     write_record(
         "metaworld",
         "validation-reach-context-lr-seed0",
@@ -60,8 +61,8 @@ def test_the_validation_table_lists_each_trial_and_its_curve(tmp_path: Path) -> 
         details={
             "validation_goals": ["train-00038", "train-00039"],
             "curve": [
-                {"iteration": 1000, **point},
-                {"iteration": 2000, **point, "success_adapted": 0.8},
+                {"iteration": 1000, **POINT},
+                {"iteration": 2000, **POINT, "success_adapted": 0.8},
             ],
             "wall_s": 300.0,
             "iterations_per_s": 20.0,
@@ -77,11 +78,6 @@ def test_the_validation_table_lists_each_trial_and_its_curve(tmp_path: Path) -> 
 
 
 def test_a_validation_run_on_recording_b_says_so(tmp_path: Path) -> None:
-    point = {
-        f"{m}_{p}": 0.5
-        for m in ("success", "success_final", "return")
-        for p in ("unadapted", "adapted")
-    }
     write_record(
         "metaworld",
         "validation-reach-context-seed0",
@@ -91,7 +87,7 @@ def test_a_validation_run_on_recording_b_says_so(tmp_path: Path) -> None:
         shape={"skill": "reach-v3", "algorithm": "context", "seed": 0, "recording": "b"},
         details={
             "validation_goals": ["train-00039"],
-            "curve": [{"iteration": 6000, **point}],
+            "curve": [{"iteration": 6000, **POINT}],
             "wall_s": 300.0,
             "iterations_per_s": 20.0,
         },
@@ -103,11 +99,6 @@ def test_a_validation_run_on_recording_b_says_so(tmp_path: Path) -> None:
 
 
 def test_the_validation_table_names_each_skills_goals_held_aside(tmp_path: Path) -> None:
-    point = {
-        f"{m}_{p}": 0.5
-        for m in ("success", "success_final", "return")
-        for p in ("unadapted", "adapted")
-    }
     for skill, goals in (("reach-v3", 5), ("pick-place-v3", 10)):
         write_record(
             "metaworld",
@@ -118,7 +109,7 @@ def test_the_validation_table_names_each_skills_goals_held_aside(tmp_path: Path)
             shape={"skill": skill, "algorithm": "context", "seed": 0, "trial": {}},
             details={
                 "validation_goals": [f"train-{40 - goal:05d}" for goal in range(goals)],
-                "curve": [{"iteration": 6000, **point}],
+                "curve": [{"iteration": 6000, **POINT}],
                 "wall_s": 300.0,
                 "iterations_per_s": 20.0,
             },

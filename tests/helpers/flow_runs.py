@@ -65,6 +65,21 @@ def tiny_document(data: Path, work: Path, overrides: Sequence[str] = ()) -> dict
     return document
 
 
+EPISODE_CONTEXT = (
+    "tasks.support_from=episodes",
+    "tasks.query=10",
+    "tasks.meta_batch=3",
+    "training.iterations=3",
+    "training.checkpoint_every=3",
+    "evaluation.tasks=3",
+    "evaluation.rollout_episodes=1",
+    "evaluation.rollout_adapt_steps=1",
+    "evaluation.steps=[0, 1]",
+)
+"""``tiny_document`` overrides for support sets of episodes: 3 meta-steps of 3 tasks, one
+rollout of each of 3 held-out tasks (with data of 3 episodes per goal)."""
+
+
 def tiny_config(data: Path, work: Path, overrides: Sequence[str] = ()) -> MetaTrainConfig:
     return validate_config(tiny_document(data, work, overrides))
 

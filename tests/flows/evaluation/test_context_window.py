@@ -22,7 +22,7 @@ from pipeline.contract.schema import DatasetError
 from pipeline.reads.episodes import inspect_episodes
 from pipeline.synthetic import PointRobotTasks, generate
 from pipeline.tasks.episodes import EpisodeSupport, episode_steps
-from tests.helpers.flow_runs import tiny_document
+from tests.helpers.flow_runs import EPISODE_CONTEXT, tiny_document
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -41,19 +41,7 @@ def _document(data: Path, work: Path, *overrides: str) -> dict:
     return tiny_document(
         data,
         work,
-        [
-            "tasks.support_from=episodes",
-            f"tasks.support_window={WINDOW}",
-            "tasks.query=10",
-            "tasks.meta_batch=3",
-            "training.iterations=3",
-            "training.checkpoint_every=3",
-            "evaluation.tasks=3",
-            "evaluation.rollout_episodes=1",
-            "evaluation.rollout_adapt_steps=1",
-            "evaluation.steps=[0, 1]",
-            *overrides,
-        ],
+        [*EPISODE_CONTEXT, f"tasks.support_window={WINDOW}", *overrides],
     )
 
 

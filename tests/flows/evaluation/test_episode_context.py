@@ -24,7 +24,7 @@ from learners.meta.learner import MetaLearner
 from pipeline.contract.schema import DatasetError
 from pipeline.reads.episodes import inspect_episodes
 from pipeline.synthetic import PointRobotTasks, generate
-from tests.helpers.flow_runs import tiny_document
+from tests.helpers.flow_runs import EPISODE_CONTEXT, tiny_document
 from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -51,15 +51,7 @@ def _document(data: Path, work: Path, algorithm: str, *overrides: str) -> dict:
         [
             f"learners.algorithm={algorithm}",
             *(MACAW if algorithm == "macaw" else []),
-            "tasks.support_from=episodes",
-            "tasks.query=10",
-            "tasks.meta_batch=3",
-            "training.iterations=3",
-            "training.checkpoint_every=3",
-            "evaluation.tasks=3",
-            "evaluation.rollout_episodes=1",
-            "evaluation.rollout_adapt_steps=1",
-            "evaluation.steps=[0, 1]",
+            *EPISODE_CONTEXT,
             *overrides,
         ],
     )
