@@ -29,8 +29,11 @@ autogroups share the cores between sessions), and the load moves between the bar
 the run; read the load and the CPU per step beside the ratio.
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/run_rate.py [--quick] [--iterations N]
-[--log-every M] [--rounds R] [--config FILE]`` (``--quick``: 400 iterations, one round, a
-smoke of a few minutes; no record is written for it unless ``--record``).
+[--log-every M] [--rounds R] [--config FILE] [--set KEY=VALUE ...]`` (``--quick``: 400
+iterations, one round, a smoke of a few minutes; no record is written for it unless
+``--record``). The committed sample gives one meta-batch per epoch, so the task feed plans an
+epoch for every step there; ``--set data.train=... --set data.heldout=...`` measures on a full
+recording, whose epochs hold many meta-batches (the record's shape says how many).
 """
 
 from __future__ import annotations
@@ -301,6 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-every", type=int, default=250, help="the run's progress period")
     parser.add_argument("--rounds", type=int, default=1, help="runs (bare blocks around each)")
     parser.add_argument("--blocks", type=int, default=4, help="bare blocks before and after")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for both sides, e.g. data.train=DIR (the shape's records say it)",
+    )
     parser.add_argument("--quick", action="store_true", help="400 iterations: a smoke")
     parser.add_argument("--record", action="store_true", help="write records with --quick too")
     args = parser.parse_args(argv)
@@ -316,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="offmeta-run-rate-") as tmp:
         folder = Path(tmp)
-        cfg = load_config(args.config, _overrides(args.iterations, args.log_every, folder))
+        settings = [*args.overrides, *_overrides(args.iterations, args.log_every, folder)]
+        cfg = load_config(args.config, settings)
         if cfg.training.torch_threads is not None:
             torch.set_num_threads(cfg.training.torch_threads)
         bare = bare_step(cfg, min(args.log_every, 200))
@@ -326,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         runs, walls, peaks = [], [], []
         for index in range(args.rounds):
             at = folder / f"round-{index}"
-            finished = run_offmeta(args.config, _overrides(args.iterations, args.log_every, at))
+            finished = run_offmeta(
+                args.config, [*args.overrides, *_overrides(args.iterations, args.log_every, at)]
+            )
             runs.append(read_run(finished.output, finished.cpu))
             walls.append(finished.wall_s)
             peaks.append(finished.peak_rss_mib)
@@ -357,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         "compile": learners.compile,
         "iterations": args.iterations,
         "log_every": args.log_every,
+        "meta_batches_per_epoch": bare.samples["samples_per_epoch"] // cfg.tasks.meta_batch,
+        **({"overrides": sorted(args.overrides)} if args.overrides else {}),
     }
     details = {
         "load_before": list(load_before),

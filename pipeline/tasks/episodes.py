@@ -185,13 +185,16 @@ def _query_rows(
     excluded_starts = np.take_along_axis(episodes.starts[chosen], order, axis=1) - base[:, None]
     excluded_lengths = np.take_along_axis(episodes.lengths[chosen], order, axis=1)
     others = np.diff(group_offsets)[sample_group] - excluded_lengths.sum(axis=1)
-    # Floyd's draw of Q distinct positions in [0, others), every sample at once.
+    # Floyd's draw of Q distinct positions in [0, others), every sample at once. The uniforms
+    # of all Q rounds come in one call (the same stream as one call per round), so that the
+    # loop left is the rounds' dependence on what earlier rounds picked.
+    tops = others[None, :] - query + np.arange(query)[:, None]  # [Q, samples]
+    draws = np.floor(rng.random((query, len(chosen))) * (tops + 1)).astype(np.int64)
     picked = np.empty((len(chosen), query), dtype=np.int64)
     for i in range(query):
-        top = others - query + i
-        draw = np.floor(rng.random(len(chosen)) * (top + 1)).astype(np.int64)
+        draw = draws[i]
         taken = (picked[:, :i] == draw[:, None]).any(axis=1)
-        picked[:, i] = np.where(taken, top, draw)
+        picked[:, i] = np.where(taken, tops[i], draw)
     picked.sort(axis=1)
     # Positions among the other rows -> rows: skip each support episode, in row order.
     for start, length in zip(excluded_starts.T, excluded_lengths.T, strict=True):

@@ -240,3 +240,62 @@ def test_each_ray_train_rank_builds_its_own_share_of_what_one_learner_sees(data)
         for part in ("support", "query"):
             joined = torch.cat([_t(shares[rank][step], part) for rank in (0, 1)])
             assert torch.equal(joined, _t(meta, part))
+
+
+def _query_rows_one_draw_per_round(rng, query, episodes, chosen, group_offsets, sample_group):
+    """The query draw as first written (one ``rng.random`` per round of Floyd's draw): what
+    every epoch planned so far was drawn with, so its batches must not change."""
+    base = group_offsets[sample_group]
+    order = np.argsort(episodes.starts[chosen], axis=1)
+    excluded_starts = np.take_along_axis(episodes.starts[chosen], order, axis=1) - base[:, None]
+    excluded_lengths = np.take_along_axis(episodes.lengths[chosen], order, axis=1)
+    others = np.diff(group_offsets)[sample_group] - excluded_lengths.sum(axis=1)
+    picked = np.empty((len(chosen), query), dtype=np.int64)
+    for i in range(query):
+        top = others - query + i
+        draw = np.floor(rng.random(len(chosen)) * (top + 1)).astype(np.int64)
+        taken = (picked[:, :i] == draw[:, None]).any(axis=1)
+        picked[:, i] = np.where(taken, top, draw)
+    picked.sort(axis=1)
+    for start, length in zip(excluded_starts.T, excluded_lengths.T, strict=True):
+        picked += np.where(picked >= start[:, None], length[:, None], 0)
+    return base[:, None] + picked
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=4, max_size=24),
+    query=st.integers(1, 20),
+    support=st.integers(1, 2),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_query_rows_are_the_draw_of_one_random_call_per_round(lengths, query, support, seed):
+    from pipeline.tasks.episodes import EpisodeRows, _query_rows
+
+    lengths = np.array(lengths)
+    groups = 2
+    group = np.arange(len(lengths)) % groups
+    order = np.argsort(group, kind="stable")
+    lengths, group = lengths[order], group[order]
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    group_offsets = np.concatenate(([0], np.cumsum(np.bincount(group, weights=lengths)))).astype(
+        int
+    )
+    episodes = EpisodeRows(starts, lengths, group)
+    # Every group's first `support` episodes as one sample's support, when the rest can give Q.
+    chosen, sample_group = [], []
+    for g in range(groups):
+        mine = np.flatnonzero(group == g)[:support]
+        if len(mine) == support and lengths[group == g].sum() - lengths[mine].sum() >= query:
+            chosen.append(mine)
+            sample_group.append(g)
+    if not chosen:
+        return
+    chosen, sample_group = np.array(chosen), np.array(sample_group)
+    expected = _query_rows_one_draw_per_round(
+        np.random.default_rng(seed), query, episodes, chosen, group_offsets, sample_group
+    )
+    found = _query_rows(
+        np.random.default_rng(seed), query, episodes, chosen, group_offsets, sample_group
+    )
+    np.testing.assert_array_equal(found, expected)
