@@ -183,7 +183,7 @@ def record_summary(
                 f"return of the adapted policy, {named} context, mean over seeds",
                 mean,
                 "normalised return",
-                shape={**shapes[algorithm], "seeds": len(runs), "context": named},
+                shape={**_context_shape(shapes[algorithm], named), "seeds": len(runs)},
                 target=target,
                 details={
                     "standard_error": error,
@@ -193,6 +193,14 @@ def record_summary(
                     "online_settings": dict(online) if context == "online" else None,
                 },
             )
+
+
+def _context_shape(shape: Mapping[str, Any], context: str) -> dict[str, Any]:
+    """A run's shape for a summary of ``context`` (``offline``, ``online``, ``online-...``):
+    online exploration episodes are not cut by ``evaluation.context_window``, so
+    ``heldout_context`` belongs to the recorded context's summary only."""
+    kept = {k: v for k, v in shape.items() if k != "heldout_context" or context == "offline"}
+    return {**kept, "context": context}
 
 
 def _slug(settings: Mapping[str, str]) -> str:

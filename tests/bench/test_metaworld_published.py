@@ -130,3 +130,14 @@ def test_the_table_puts_offline_and_each_online_evaluation_beside_the_published(
     assert "normalised by the 450 held-out episodes" in render_published(
         read_records(tmp_path), LABELS
     )
+
+
+def test_only_the_offline_summary_names_the_held_out_context_window() -> None:
+    from bench.metaworld_published import _context_shape
+
+    shape = {"skill": "reach-v3", "heldout_context": "whole episodes"}
+    assert _context_shape(shape, "offline") == {**shape, "context": "offline"}
+    assert _context_shape(shape, "online") == {"skill": "reach-v3", "context": "online"}
+    assert _context_shape(shape, "online-context_episodes-2")["context"] == (
+        "online-context_episodes-2"
+    )
