@@ -252,7 +252,8 @@ def render_published(records: list[dict[str, Any]], labels: Mapping[str, str]) -
             "Normalised return: the policy's mean return over the held-out goals (one 500-step "
             "episode each) over the mean return of that recording's held-out episodes (the "
             "behaviour data row, 1.00 by definition); mean ± standard error over seeds. "
-            "Context offline: one recorded episode of the held-out goal (the config's window); "
+            "Context offline: one recorded episode of the held-out goal, whole or a window as "
+            "the config says (each skill's line below); "
             "online: exploration episodes "
             "of the unadapted policy in the simulator (docs/episodes.md#online-context), the "
             f"same trained parameters. Machine: {machine['cpu']}, {machine['cores']} cores, no "
@@ -271,9 +272,9 @@ PUBLISHED_NOTE = (
     "figure on push 0.82): Meta-World v2 skills (reach-wall-v2, with a wall, for reach), "
     "offline data from the scripted expert with N(0, 0.1) action noise, about 300k gradient "
     "steps, 256-wide networks, online few-shot context. Here: v3 skills (reach-v3 has no wall), "
-    "the same data protocol recorded by offmeta, 6,000 meta-iterations of the context learner "
-    "that clones the expert's actions (no value function), evaluated on 10 held-out goals with "
-    "one episode each."
+    "the same data protocol recorded by offmeta, 6,000-12,000 meta-iterations (each skill's "
+    "line above) of the context learner that clones the expert's actions (no value function), "
+    "evaluated on 10 held-out goals with one episode each."
 )
 
 
@@ -319,9 +320,12 @@ def _rows(skill: str, label: str, group: list[dict[str, Any]], notes: list[str])
         )
     shape = newest["shape"]
     where = "; ".join(dataset.get("where") or ["all"])
+    heldout = shape.get("heldout_context")
     notes.append(
         f"{skill}, {label}: {shape['train_goals']} train goals x {shape['episodes_per_goal']} "
-        f"episodes, {shape['support']} of context, Q={shape['query']}, {shape['meta_batch']} "
+        f"episodes, {shape['support']} of context in training"
+        + (f" ({heldout} of held-out context)" if heldout else "")
+        + f", Q={shape['query']}, {shape['meta_batch']} "
         f"tasks per meta-batch, {shape['iterations']} meta-iterations; normalised by the "
         f"{dataset['episodes']} held-out episodes `data.episodes_where.heldout` keeps "
         f"({where}); online context: {online_context(by_online)}; seeds "

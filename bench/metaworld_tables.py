@@ -102,8 +102,10 @@ def _shape_line(skill: str, label: str, runs: list[dict[str, Any]]) -> str:
     shape, newest = runs[-1]["shape"], max(runs, key=lambda r: r["date"])
     support = shape["support"]
     support = f"K={support} support transitions" if isinstance(support, int) else support
+    heldout = shape.get("heldout_context")
+    support += f" of context in training ({heldout} held out)" if heldout else " of context"
     return (
-        f"{skill}, {label}: {support} of context, Q={shape['query']} query transitions, "
+        f"{skill}, {label}: {support}, Q={shape['query']} query transitions, "
         f"{shape['meta_batch']} tasks per meta-batch, {shape['iterations']} meta-iterations; "
         f"seeds {', '.join(str(r['shape']['seed']) for r in runs)}, records of "
         f"{newest['date'][:10]} at {newest['git']['revision'][:10]}."
