@@ -71,6 +71,7 @@ from bench.metaworld_published import (  # noqa: E402
 )
 from bench.metaworld_validation import checkpoint_curve, validation_goals, validation_split  # noqa: E402
 from bench.records import RESULTS, Baseline, read_records, write_record  # noqa: E402
+from flows.stages.timings import read_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -775,8 +776,7 @@ def _record_offline_rl(
 
 def stage_seconds(took: str | None, stage: str) -> float:
     """Seconds of ``stage`` in a run's ``took ...`` line (nan when the line lacks it)."""
-    found = re.search(rf"\b{stage} ([0-9.]+) s", took or "")
-    return float(found.group(1)) if found else math.nan
+    return (read_line(took or "") or {}).get(stage, math.nan)
 
 
 if __name__ == "__main__":

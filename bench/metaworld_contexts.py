@@ -47,13 +47,13 @@ def draws(
     from flows.evaluation.heldout import evaluate
     from flows.stages.datasets import validate_datasets
 
+    base = load_config(config, [*overrides, f"evaluation.context_window={window}"])
+    # The data and its checks are the same for every draw: validated once per length.
+    heldout = validate_datasets(base).heldout
     measured = []
     for draw in range(count):
-        cfg = load_config(
-            config,
-            [*overrides, f"evaluation.context_window={window}", f"evaluation.seed={draw}"],
-        )
-        report = evaluate(cfg, state, validate_datasets(cfg).heldout)
+        settings = base.evaluation.model_copy(update={"seed": draw})
+        report = evaluate(base.model_copy(update={"evaluation": settings}), state, heldout)
         if report.success is None or report.returns is None:
             raise SystemExit(f"{config}: its evaluation rolls nothing out (evaluation.env)")
         measured.append(

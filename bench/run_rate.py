@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.records import Baseline, write_record
 from flows.process.heap import keep_freed_memory
 from flows.process.runtime import set_quiet_environment
+from flows.stages.timings import read_line
 
 if TYPE_CHECKING:
     from flows.config import MetaTrainConfig
@@ -74,7 +75,6 @@ _COMPILED = re.compile(
     _CLOCK + r"learners\.meta\.compiled_step - compiled the meta-step .* in ([0-9.]+) s"
 )
 _EAGER = re.compile(r"MetaConfig\.compile=.*the meta-step runs eager")
-_TRAIN_STAGE = re.compile(r"^took [0-9.]+ s: .*\btrain ([0-9.]+) s\b", re.MULTILINE)
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -141,13 +141,13 @@ def read_run(output: str, cpu: dict[int, dict[str, float]] | None = None) -> Run
             f"found {len(points)} progress lines after the compilation in the run's output, "
             "expected at least 2: run more iterations or log more often (training.log_every)"
         )
-    stage = _TRAIN_STAGE.search(output)
-    if stage is None:
+    took = read_line(output)
+    if took is None or "train" not in took:
         raise ValueError("the run's output has no 'took ... train N s' line; did it finish?")
     periods = [
         (i1 - i0) / (t1 - t0) for (i0, t0), (i1, t1) in itertools.pairwise(points) if t1 > t0
     ]
-    train_s = float(stage.group(1))
+    train_s = took["train"]
     (first, start), (last, end) = points[0], points[-1]
     cpu_per_step = None
     if cpu is not None and first in cpu and last in cpu:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -34,11 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.records import Baseline, write_record
+from flows.stages.timings import read_line
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "flows/configs/point_robot.yaml"
-_TOOK = re.compile(r"^took ([0-9.]+) s: ([0-9.]+) s before the flow .*?\), (.*), ([0-9.]+) s in")
-_STAGE = re.compile(r"([a-z]+) ([0-9.]+) s")
 
 
 def run_once(checkout: Path, scratch: Path, api_url: str | None = None) -> dict[str, float]:
@@ -72,13 +70,7 @@ def run_once(checkout: Path, scratch: Path, api_url: str | None = None) -> dict[
         wall = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(f"offmeta run in {checkout} failed:\n{done.stderr[-3000:]}")
-    times = {"wall": wall}
-    for line in done.stdout.splitlines():
-        if found := _TOOK.match(line):
-            times["took"], times["before_flow"] = float(found[1]), float(found[2])
-            times.update({name: float(s) for name, s in _STAGE.findall(found[3])})
-            times["bookkeeping"] = float(found[4])
-    return times
+    return {"wall": wall, **(read_line(done.stdout) or {})}
 
 
 def main() -> None:

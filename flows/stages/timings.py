@@ -1,9 +1,10 @@
 """How long each stage of a run took (``StageTimes``), for the one line ``offmeta run``
-ends with and for ``bench/startup.py``."""
+ends with, and ``read_line`` to read it back (the benches that time runs)."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,3 +36,25 @@ class StageTimes:
             f"the Prefect API at once), {stages}, {max(rest, 0.0):.1f} s in Prefect's own "
             "run bookkeeping"
         )
+
+
+_LINE = re.compile(r"^took ([0-9.]+) s:(.*)$", re.MULTILINE)
+_STAGE = re.compile(r"\b([a-z_]+) ([0-9.]+) s\b")
+_BEFORE_FLOW = re.compile(r"([0-9.]+) s before the flow")
+_BOOKKEEPING = re.compile(r"([0-9.]+) s in Prefect's own")
+
+
+def read_line(text: str) -> dict[str, float] | None:
+    """The seconds in the last ``took ...`` line (``StageTimes.line``) of ``text``:
+    ``took``, ``before_flow`` and ``bookkeeping`` when the line has them, and each stage by
+    its name; None when ``text`` has no such line."""
+    lines = _LINE.findall(text)
+    if not lines:
+        return None
+    total, rest = lines[-1]
+    seconds = {"took": float(total)}
+    for key, pattern in (("before_flow", _BEFORE_FLOW), ("bookkeeping", _BOOKKEEPING)):
+        if found := pattern.search(rest):
+            seconds[key] = float(found.group(1))
+    seconds.update({name: float(value) for name, value in _STAGE.findall(rest)})
+    return seconds

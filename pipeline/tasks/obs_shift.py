@@ -15,6 +15,7 @@ uninterrupted one would have.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -88,8 +89,13 @@ class ObsShift:
             if tensor is None:
                 continue
             moved = tensor.new_tensor(offsets).unsqueeze(-2)
-            for group in self.groups:
-                tensor[..., _index(group)] += moved
+            for index in self._indexes:
+                tensor[..., index] += moved
+
+    @functools.cached_property
+    def _indexes(self) -> tuple[slice | list[int], ...]:
+        """Each group's index into the features, worked out once for every ``apply``."""
+        return tuple(_index(group) for group in self.groups)
 
 
 def _index(group: tuple[int, ...]) -> slice | list[int]:
