@@ -185,21 +185,33 @@ def _query_rows(
     excluded_starts = np.take_along_axis(episodes.starts[chosen], order, axis=1) - base[:, None]
     excluded_lengths = np.take_along_axis(episodes.lengths[chosen], order, axis=1)
     others = np.diff(group_offsets)[sample_group] - excluded_lengths.sum(axis=1)
-    # Floyd's draw of Q distinct positions in [0, others), every sample at once. The uniforms
-    # of all Q rounds come in one call (the same stream as one call per round), so that the
-    # loop left is the rounds' dependence on what earlier rounds picked.
+    # Floyd's draw of Q distinct positions in [0, others) per sample. The uniforms of all
+    # rounds come in one call (the same stream as one call per round). The rounds then run
+    # per sample over a set: Q rounds of numpy calls over every sample cost more until an
+    # epoch holds some hundred samples (0.3 against 0.07 ms for reach's one meta-batch).
     tops = others[None, :] - query + np.arange(query)[:, None]  # [Q, samples]
     draws = np.floor(rng.random((query, len(chosen))) * (tops + 1)).astype(np.int64)
-    picked = np.empty((len(chosen), query), dtype=np.int64)
-    for i in range(query):
-        draw = draws[i]
-        taken = (picked[:, :i] == draw[:, None]).any(axis=1)
-        picked[:, i] = np.where(taken, tops[i], draw)
+    picked = np.array(
+        [_floyd(d, t) for d, t in zip(draws.T.tolist(), tops.T.tolist(), strict=True)],
+        dtype=np.int64,
+    ).reshape(len(chosen), query)
     picked.sort(axis=1)
     # Positions among the other rows -> rows: skip each support episode, in row order.
     for start, length in zip(excluded_starts.T, excluded_lengths.T, strict=True):
         picked += np.where(picked >= start[:, None], length[:, None], 0)
     return base[:, None] + picked
+
+
+def _floyd(draws: list[int], tops: list[int]) -> list[int]:
+    """Floyd's rounds for one sample: round ``i`` keeps its draw unless an earlier round
+    picked it, and then takes its top (``tops`` rise, so no earlier round picked that)."""
+    seen: set[int] = set()
+    picked = []
+    for draw, top in zip(draws, tops, strict=True):
+        value = top if draw in seen else draw
+        seen.add(value)
+        picked.append(value)
+    return picked
 
 
 def check_episode_sizes(
