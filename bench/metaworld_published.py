@@ -17,6 +17,7 @@ return. Their context is collected online: the policy explores the held-out goal
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -24,11 +25,14 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from bench.metaworld_validation import checkpoint_curve
+
+if TYPE_CHECKING:
+    from flows.config import MetaTrainConfig
 
 
 class Recording(NamedTuple):
@@ -103,13 +107,15 @@ def online_figures(
     """The final checkpoint under ``runs`` evaluated with ``config``, the run's ``overrides``
     and the online ``settings`` (``evaluation.context=online`` and the rest): figures of the
     unadapted and adapted policy, the evaluation's context line, its wall time and load.
-    Cached in ``runs``' parent, one file per settings: a second call reads it."""
+    Cached in ``runs``' parent, one file per settings and evaluation section (the config's
+    own, such as its ``context_explore``, count as much as ``settings``): a second call with
+    both the same reads it."""
     from flows.config import load_config
 
-    cache = runs.parent / f"online-{_slug(settings)}.json"
+    cfg = load_config(config, [*overrides, *(f"{k}={v}" for k, v in settings.items())])
+    cache = online_cache(cfg, runs, settings)
     if cache.is_file():
         return json.loads(cache.read_text())
-    cfg = load_config(config, [*overrides, *(f"{k}={v}" for k, v in settings.items())])
     load, start = os.getloadavg()[0], time.perf_counter()
     (point,) = checkpoint_curve(cfg, runs, final_only=True)
     figures = {
@@ -120,6 +126,16 @@ def online_figures(
     }
     cache.write_text(json.dumps(figures, indent=2) + "\n")
     return figures
+
+
+def online_cache(cfg: MetaTrainConfig, runs: Path, settings: Mapping[str, str]) -> Path:
+    """Where ``online_figures`` keeps the figures of ``runs`` evaluated under ``cfg`` (the
+    run's config with the online ``settings``): named by the settings and a digest of the
+    whole evaluation section, so that a config whose own evaluation settings changed (its
+    ``context_explore``, say) is evaluated again instead of read back."""
+    section = json.dumps(cfg.evaluation.model_dump(mode="json"), sort_keys=True)
+    digest = hashlib.sha256(section.encode()).hexdigest()[:12]
+    return runs.parent / f"online-{_slug(settings)}-{digest}.json"
 
 
 def evaluate_online(

@@ -118,7 +118,7 @@ class EpisodesWhereConfig(BaseModel):
 NormalizedColumn = Literal["obs", "rewards", "returns"]
 """What ``data.normalize`` may name (docs/normalization.md)."""
 
-ContextExplore = Literal["prior", "posterior"]
+ContextExplore = Literal["prior", "posterior", "refine"]
 """Which policy explores a held-out task for ``evaluation.context: online``."""
 
 
@@ -507,11 +507,21 @@ class EvaluationConfig(BaseModel):
         "the unadapted policy, every episode. posterior (PEARL's sequential posterior "
         "sampling): episode 1 the unadapted policy, episode k the policy adapted "
         "(rollout_adapt_steps, the learner's own adapt) on the windows of episodes 1..k-1 of "
-        "the same task. prior is the default: posterior feeds the learner's guess back into "
-        "its context, and an encoder that reads actions (as the shipped context configs do) "
-        "then reads its own adapted actions, which echo that guess instead of telling the "
-        "task; posterior is for learners that tell the task from rewards alone. With one "
-        "episode both are the same (docs/episodes.md#online-context).",
+        "the same task. refine: episode 1 the unadapted policy, episode k the parameters of "
+        "episode k-1 moved context_refine_step times the way adapting on episode k-1 alone "
+        "moves them; the support set is then the window of the task's exploration episode "
+        "with the highest return (IDAQ's return-based choice of context). prior is the "
+        "default: posterior feeds the learner's guess back into its context, and an encoder "
+        "that reads actions (as the shipped context configs do) then reads its own adapted "
+        "actions, which echo that guess instead of telling the task. With one episode all "
+        "three are the same (docs/episodes.md#online-context).",
+    )
+    context_refine_step: float = Field(
+        1.0,
+        gt=0,
+        description="context_explore: refine's step: 1 explores each episode with the "
+        "policy adapted on the one before; above 1 goes further the same way "
+        "(docs/episodes.md#refine).",
     )
     env: str | None = Field(
         None,
@@ -559,6 +569,16 @@ class EvaluationConfig(BaseModel):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"expected an int >= 1, 'whole' or null, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _refine_step_refines(self) -> EvaluationConfig:
+        if self.context_refine_step != 1.0 and self.context_explore != "refine":
+            raise ValueError(
+                f"context_refine_step is {self.context_refine_step}, but only context_explore "
+                f"'refine' takes a step and it is {self.context_explore!r}: set "
+                "context_explore to refine or drop context_refine_step"
+            )
+        return self
 
     @model_validator(mode="after")
     def _online_rolls_out(self) -> EvaluationConfig:

@@ -16,7 +16,14 @@ Which policy explores is ``evaluation.context_explore``:
   final support set is cut (the first L_k steps of each, L_k by the same rule over those
   episodes), so the adaptation sees the shapes the learner trained on. The adaptation is the
   rollouts' own (``task_rollouts.adapt_tasks`` with ``rollout_adapt_steps``), the episodes
-  rolled out as the adapted policy's are (``PolicyActions.per_episode``).
+  rolled out as the adapted policy's are (``PolicyActions.per_episode``);
+- ``refine``: episode 1 is the unadapted policy's, theta_1 the meta-parameters; episode k's
+  are theta_k = theta_{k-1} + s (a_{k-1} - theta_{k-1}), a_{k-1} adapted (as above) on
+  episode k-1 alone and s ``evaluation.context_refine_step``. Each episode starts from the
+  last belief and corrects it by what that belief's own episode showed, so a learner whose
+  context only ever held episodes of the task's goal sees ever more of that kind; the
+  support set is then one episode per task, the one with the highest return (IDAQ's
+  return-based choice of in-distribution context, Wang et al. 2023), cut as above.
 
 Exploration starts come from one generator seeded with ``evaluation.seed + 1``, so they
 differ from the evaluation rollouts' starts (``evaluation.seed``); ``posterior`` draws the
@@ -56,12 +63,19 @@ class OnlineContext:
     """Which policy explored (``evaluation.context_explore``)."""
     lengths: list[int] = field(default_factory=list)
     """Every exploration episode's full length, task-major."""
+    returns: list[float] = field(default_factory=list)
+    """Every exploration episode's undiscounted return, task-major."""
+    refine_step: float | None = None
+    """``evaluation.context_refine_step`` for ``refine``, else None."""
 
     def describe(self) -> str:
-        return (
+        line = (
             f"online: {self.episodes} exploration episode(s) x {self.steps} steps per task, "
             f"{self.explore}"
         )
+        if self.refine_step is not None:
+            line += f" (step {self.refine_step:g}; context: the highest-return episode)"
+        return line
 
 
 def collect_online_context(
@@ -103,7 +117,7 @@ def collect_online_context(
 
     if settings.context_explore == "prior":
         roll_out([r for task in episodes for r in task], unadapted, seed=starts, max_steps=steps)
-    else:
+    elif settings.context_explore == "posterior":
         for episode in range(count):
             policy: Policy = unadapted
             if episode > 0:
@@ -111,13 +125,41 @@ def collect_online_context(
                 adapted = adapt_tasks(learner, module, so_far, settings.rollout_adapt_steps)
                 policy = actions.per_episode(adapted)
             roll_out([task[episode] for task in episodes], policy, seed=starts, max_steps=steps)
+    else:
+        belief: dict[str, torch.Tensor] | None = None
+        for episode in range(count):
+            if episode > 0:
+                last = cut([task[episode - 1 : episode] for task in episodes]).support
+                adapted = adapt_tasks(learner, module, last, settings.rollout_adapt_steps)
+                belief = _step_towards(belief, meta, adapted, settings.context_refine_step)
+            policy = unadapted if belief is None else actions.per_episode(belief)
+            roll_out([task[episode] for task in episodes], policy, seed=starts, max_steps=steps)
     for recorder in (r for task in episodes for r in task):
         recorder.close()
-    final = cut(episodes)
+    returns = [[float(np.sum(r.steps["rewards"])) for r in task] for task in episodes]
+    refine = settings.context_explore == "refine"
+    if refine:
+        final = cut([[task[int(np.argmax(got))]] for task, got in zip(episodes, returns)])
+    else:
+        final = cut(episodes)
     return OnlineContext(
         support=final.support,
         episodes=count,
         steps=final.steps,
         explore=settings.context_explore,
         lengths=[r.length for task in episodes for r in task],
+        returns=[value for task in returns for value in task],
+        refine_step=settings.context_refine_step if refine else None,
     )
+
+
+def _step_towards(
+    belief: dict[str, torch.Tensor] | None,
+    meta: dict[str, torch.Tensor],
+    adapted: dict[str, torch.Tensor],
+    step: float,
+) -> dict[str, torch.Tensor]:
+    """``belief + step (adapted - belief)`` per task (``[tasks, ...]``), the meta-parameters
+    standing for the first belief."""
+    start = belief if belief is not None else {n: meta[n].expand_as(a) for n, a in adapted.items()}
+    return {name: start[name] + step * (adapted[name] - start[name]) for name in adapted}

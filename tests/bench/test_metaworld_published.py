@@ -12,8 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.metaworld import LABELS, behaviour_stats
-from bench.metaworld_published import check_recording, normalised, render_published
+from bench.metaworld_published import (
+    check_recording,
+    normalised,
+    online_cache,
+    render_published,
+)
 from bench.records import read_records, write_record
+from flows.config import load_config
 from pipeline.reads.selection import EpisodeCondition, EpisodeFilter
 from tests.helpers.paths import REPO
 
@@ -141,3 +147,18 @@ def test_only_the_offline_summary_names_the_held_out_context_window() -> None:
     assert _context_shape(shape, "online-context_episodes-2")["context"] == (
         "online-context_episodes-2"
     )
+
+
+def test_an_online_evaluation_is_cached_per_settings_and_evaluation_section(
+    tmp_path: Path,
+) -> None:
+    config = REPO / "flows" / "configs" / "metaworld_reach.yaml"
+    settings = {"evaluation.context": "online", "evaluation.context_episodes": "5"}
+    applied = [f"{k}={v}" for k, v in settings.items()]
+    runs = tmp_path / "seed0" / "runs"
+    first = online_cache(load_config(config, applied), runs, settings)
+    assert first == online_cache(load_config(config, applied), runs, settings)
+    assert first.parent == runs.parent and first.name.startswith("online-")
+    # The config's own evaluation settings changed (not the online ones): evaluated again.
+    other = load_config(config, [*applied, "evaluation.context_explore=posterior"])
+    assert online_cache(other, runs, settings) != first

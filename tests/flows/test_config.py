@@ -148,7 +148,17 @@ def test_learners_section_is_a_meta_config_plus_placement() -> None:
         ),
         (
             ["evaluation.context_explore=greedy"],
-            "evaluation.context_explore: Input should be 'prior' or 'posterior' (got 'greedy')",
+            "evaluation.context_explore: Input should be 'prior', 'posterior' or 'refine' (got "
+            "'greedy')",
+        ),
+        (
+            ["evaluation.context_refine_step=2"],
+            "evaluation: context_refine_step is 2.0, but only context_explore 'refine' takes a "
+            "step and it is 'prior': set context_explore to refine or drop context_refine_step",
+        ),
+        (
+            ["evaluation.context_explore=refine", "evaluation.context_refine_step=0"],
+            "evaluation.context_refine_step: Input should be greater than 0 (got 0)",
         ),
         (
             ["data.validation_memory_mb=0"],

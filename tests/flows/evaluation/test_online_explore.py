@@ -2,6 +2,9 @@
 exploration episode after the first is the policy adapted on the earlier episodes' windows,
 computed here independently with the learner's ``adapt`` and the consumer's ``predict``, and
 differs from the unadapted policy; with one episode both modes give the same support set.
+``refine``: each episode's parameters are the last ones moved ``context_refine_step`` times
+towards those adapted on the last episode alone, and the support set is the window of the
+episode with the highest return.
 
 A context learner (it reads rewards, so its adapted policy differs from the unadapted one)
 on the tiny point robot, untrained: the tests show who acts, not learning.
@@ -10,12 +13,16 @@ on the tiny point robot, untrained: the tests show who acts, not learning.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from flows.config import MetaTrainConfig
+from flows.evaluation import online_context
 from flows.evaluation.environments import heldout_envs
+from flows.evaluation.exploration_steps import Recorder
 from flows.evaluation.online_context import OnlineContext, collect_online_context
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import task_slice
@@ -94,3 +101,61 @@ def test_one_exploration_episode_gives_the_same_support_in_both_modes(
     assert set(first) == set(second)
     for name, values in first.items():
         assert torch.equal(values, second[name]), name
+
+
+def _window(recorder: Recorder) -> dict[str, dict[str, torch.Tensor]]:
+    """One exploration episode's first WINDOW steps as one task's support set."""
+    steps = {
+        name: torch.as_tensor(np.asarray(recorder.steps[name][:WINDOW]), dtype=torch.float32)
+        for name in ("obs", "actions", "rewards", "new_obs")
+    }
+    return {"default_policy": steps}
+
+
+@pytest.mark.timeout(60)
+def test_refine_steps_each_belief_and_keeps_the_episode_with_the_highest_return(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[list[Any]] = []
+    real_roll_out = online_context.roll_out
+
+    def recording(rows: list[Any], policy: Any, **kwargs: Any) -> Any:
+        ran.append(list(rows))  # every task's recorder of this episode, in task order
+        return real_roll_out(rows, policy, **kwargs)
+
+    monkeypatch.setattr(online_context, "roll_out", recording)
+    step = 2.5
+    context, learner = _collect(
+        data,
+        tmp_path,
+        "evaluation.context_episodes=3",
+        "evaluation.rollout_adapt_steps=1",
+        "evaluation.context_explore=refine",
+        f"evaluation.context_refine_step={step}",
+    )
+    assert context.describe() == (
+        f"online: 3 exploration episode(s) x {WINDOW} steps per task, refine "
+        "(step 2.5; context: the highest-return episode)"
+    )
+    assert len(ran) == 3 and all(len(rows) == len(TASKS) for rows in ran)
+    meta = {name: p.detach() for name, p in learner.meta_params["default_policy"].items()}
+    for task in range(len(TASKS)):
+        belief = meta
+        for episode in (1, 2):
+            adapted = learner.adapt(None, _window(ran[episode - 1][task]), 1)["default_policy"]
+            belief = {n: belief[n] + step * (adapted[n] - belief[n]) for n in belief}
+            recorder = ran[episode][task]
+            obs = torch.as_tensor(np.asarray(recorder.steps["obs"]), dtype=torch.float32)
+            actions = torch.as_tensor(np.asarray(recorder.steps["actions"]), dtype=torch.float32)
+            expected = predict(learner, obs, params={"default_policy": belief})
+            # As above, with the step scaling the latent's rounding once per episode.
+            magnitude = largest([obs, expected, *belief.values()]) * step**episode
+            tolerance = rounding_tolerance(torch.float32, magnitude=magnitude, ops=100)
+            torch.testing.assert_close(actions, expected, rtol=0, atol=tolerance)
+            assert (actions - predict(learner, obs)).abs().max() > 100 * tolerance
+        returns = [float(np.sum(ran[episode][task].steps["rewards"])) for episode in range(3)]
+        assert context.returns[3 * task : 3 * task + 3] == pytest.approx(returns)
+        best = _window(ran[int(np.argmax(returns))][task])["default_policy"]
+        for name, values in best.items():
+            found = context.support["default_policy"][name][task]
+            torch.testing.assert_close(found.reshape(values.shape).float(), values)
