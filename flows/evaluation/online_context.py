@@ -139,7 +139,9 @@ def collect_online_context(
     returns = [[float(np.sum(r.steps["rewards"])) for r in task] for task in episodes]
     refine = settings.context_explore == "refine"
     if refine:
-        final = cut([[task[int(np.argmax(got))]] for task, got in zip(episodes, returns)])
+        final = cut(
+            [[task[int(np.argmax(got))]] for task, got in zip(episodes, returns, strict=True)]
+        )
     else:
         final = cut(episodes)
     return OnlineContext(
