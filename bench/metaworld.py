@@ -567,6 +567,13 @@ def _shape(skill: str, algorithm: str, args: argparse.Namespace) -> dict[str, An
             if (window := cfg.evaluation.context_window) is not None
             else {}
         ),
+        **(
+            {"online_explore": f"refine, step {cfg.evaluation.context_refine_step:g}"}
+            if (explore := cfg.evaluation.context_explore) == "refine"
+            else {"online_explore": explore}
+            if explore != "prior"
+            else {}
+        ),
     }
 
 

@@ -214,8 +214,10 @@ def record_summary(
 def _context_shape(shape: Mapping[str, Any], context: str) -> dict[str, Any]:
     """A run's shape for a summary of ``context`` (``offline``, ``online``, ``online-...``):
     online exploration episodes are not cut by ``evaluation.context_window``, so
-    ``heldout_context`` belongs to the recorded context's summary only."""
-    kept = {k: v for k, v in shape.items() if k != "heldout_context" or context == "offline"}
+    ``heldout_context`` belongs to the recorded context's summary only, and the config's
+    ``online_explore`` to the online ones only."""
+    own = {"heldout_context": "offline", "online_explore": "online"}
+    kept = {k: v for k, v in shape.items() if context.startswith(own.get(k, context))}
     return {**kept, "context": context}
 
 
@@ -270,9 +272,9 @@ def render_published(records: list[dict[str, Any]], labels: Mapping[str, str]) -
             "behaviour data row, 1.00 by definition); mean ± standard error over seeds. "
             "Context offline: one recorded episode of the held-out goal, whole or a window as "
             "the config says (each skill's line below); "
-            "online: exploration episodes "
-            "of the unadapted policy in the simulator (docs/episodes.md#online-context), the "
-            f"same trained parameters. Machine: {machine['cpu']}, {machine['cores']} cores, no "
+            "online: exploration episodes in the simulator, run by the policy each skill's line "
+            "names (docs/episodes.md#online-context), the same trained parameters. "
+            f"Machine: {machine['cpu']}, {machine['cores']} cores, no "
             "GPU; the wall column: the whole `offmeta run` (train and evaluate stages, training "
             "rate, 1-minute load at its start), and for online rows the online evaluation.",
             "",

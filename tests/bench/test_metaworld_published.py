@@ -138,15 +138,25 @@ def test_the_table_puts_offline_and_each_online_evaluation_beside_the_published(
     )
 
 
-def test_only_the_offline_summary_names_the_held_out_context_window() -> None:
+def test_the_offline_summary_names_the_context_window_the_online_ones_the_exploration() -> None:
     from bench.metaworld_published import _context_shape
 
-    shape = {"skill": "reach-v3", "heldout_context": "whole episodes"}
-    assert _context_shape(shape, "offline") == {**shape, "context": "offline"}
-    assert _context_shape(shape, "online") == {"skill": "reach-v3", "context": "online"}
-    assert _context_shape(shape, "online-context_episodes-2")["context"] == (
-        "online-context_episodes-2"
-    )
+    shape = {
+        "skill": "reach-v3",
+        "heldout_context": "whole episodes",
+        "online_explore": "refine, step 2",
+    }
+    assert _context_shape(shape, "offline") == {
+        "skill": "reach-v3",
+        "heldout_context": "whole episodes",
+        "context": "offline",
+    }
+    online = {"skill": "reach-v3", "online_explore": "refine, step 2"}
+    assert _context_shape(shape, "online") == {**online, "context": "online"}
+    assert _context_shape(shape, "online-context_episodes-2") == {
+        **online,
+        "context": "online-context_episodes-2",
+    }
 
 
 def test_an_online_evaluation_is_cached_per_settings_and_evaluation_section(
@@ -160,5 +170,5 @@ def test_an_online_evaluation_is_cached_per_settings_and_evaluation_section(
     assert first == online_cache(load_config(config, applied), runs, settings)
     assert first.parent == runs.parent and first.name.startswith("online-")
     # The config's own evaluation settings changed (not the online ones): evaluated again.
-    other = load_config(config, [*applied, "evaluation.context_explore=posterior"])
+    other = load_config(config, [*applied, "evaluation.context_refine_step=1.5"])
     assert online_cache(other, runs, settings) != first
