@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from flows.config import EvaluationConfig
     from pipeline.reads.selection import EpisodeFilter
 
 # Run as a script, this folder comes first on sys.path and bench/learners.py would shadow the
@@ -567,14 +568,16 @@ def _shape(skill: str, algorithm: str, args: argparse.Namespace) -> dict[str, An
             if (window := cfg.evaluation.context_window) is not None
             else {}
         ),
-        **(
-            {"online_explore": f"refine, step {cfg.evaluation.context_refine_step:g}"}
-            if (explore := cfg.evaluation.context_explore) == "refine"
-            else {"online_explore": explore}
-            if explore != "prior"
-            else {}
-        ),
+        **_online_explore(cfg.evaluation),
     }
+
+
+def _online_explore(evaluation: EvaluationConfig) -> dict[str, str]:
+    """How the config explores with online context, when not with the unadapted policy."""
+    if evaluation.context_explore == "prior":
+        return {}
+    step = evaluation.context_refine_step if evaluation.context_explore == "refine" else None
+    return {"online_explore": evaluation.context_explore + (f", step {step:g}" if step else "")}
 
 
 def _record_run(

@@ -21,7 +21,6 @@ flows/configs/metaworld_reach.yaml --artifacts RUN/artifacts --split DATA/reach/
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
+from bench.metaworld import mean_and_error  # noqa: E402
 from bench.records import Baseline, write_record  # noqa: E402
 from flows.process.runtime import set_quiet_environment  # noqa: E402
 
@@ -75,12 +75,7 @@ def draws(
 
 def summary(measured: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
     """Mean and standard error over the draws of each figure."""
-    out = {}
-    for key in FIGURES:
-        values = [m[key] for m in measured]
-        se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-        out[key] = (statistics.fmean(values), se)
-    return out
+    return {key: mean_and_error([m[key] for m in measured]) for key in FIGURES}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -216,9 +216,8 @@ def _context_shape(shape: Mapping[str, Any], context: str) -> dict[str, Any]:
     online exploration episodes are not cut by ``evaluation.context_window``, so
     ``heldout_context`` belongs to the recorded context's summary only, and the config's
     ``online_explore`` to the online ones only."""
-    own = {"heldout_context": "offline", "online_explore": "online"}
-    kept = {k: v for k, v in shape.items() if context.startswith(own.get(k, context))}
-    return {**kept, "context": context}
+    other = "online_explore" if context == "offline" else "heldout_context"
+    return {**{k: v for k, v in shape.items() if k != other}, "context": context}
 
 
 def _slug(settings: Mapping[str, str]) -> str:

@@ -167,10 +167,12 @@ def read_run(output: str, cpu: dict[int, dict[str, float]] | None = None) -> Run
     )
 
 
-def _overrides(iterations: int, log_every: int, folder: Path) -> list[str]:
+def _overrides(args: argparse.Namespace, folder: Path) -> list[str]:
+    """The run's config overrides: ``--set``'s, then its length and a folder of its own."""
     return [
-        f"training.iterations={iterations}",
-        f"training.log_every={log_every}",
+        *args.overrides,
+        f"training.iterations={args.iterations}",
+        f"training.log_every={args.log_every}",
         f"training.checkpoint_dir={folder / 'runs'}",
         f"artifacts.root={folder / 'artifacts'}",
     ]
@@ -327,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="offmeta-run-rate-") as tmp:
         folder = Path(tmp)
-        settings = [*args.overrides, *_overrides(args.iterations, args.log_every, folder)]
-        cfg = load_config(args.config, settings)
+        cfg = load_config(args.config, _overrides(args, folder))
         if cfg.training.torch_threads is not None:
             torch.set_num_threads(cfg.training.torch_threads)
         bare = bare_step(cfg, min(args.log_every, 200))
@@ -338,9 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         runs, walls, peaks = [], [], []
         for index in range(args.rounds):
             at = folder / f"round-{index}"
-            finished = run_offmeta(
-                args.config, [*args.overrides, *_overrides(args.iterations, args.log_every, at)]
-            )
+            finished = run_offmeta(args.config, _overrides(args, at))
             runs.append(read_run(finished.output, finished.cpu))
             walls.append(finished.wall_s)
             peaks.append(finished.peak_rss_mib)

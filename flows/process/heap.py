@@ -21,7 +21,6 @@ nothing to do.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 
@@ -55,15 +54,15 @@ def keep_freed_memory() -> bool:
 
 
 def _mallopt():
-    """glibc's ``mallopt``, or None where this process's C library is not glibc."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return None
+    """glibc's ``mallopt``, or None where this process's C library is not glibc. Looked up
+    among the symbols the process already has (``ctypes.CDLL(None)``): no search of the
+    library path (``ctypes.util.find_library`` runs ldconfig or a compiler for it) in the
+    start-up of every run and Ray Train worker."""
     try:
-        libc = ctypes.CDLL(libc_name)
+        libc = ctypes.CDLL(None)
         function = libc.mallopt
         libc.gnu_get_libc_version  # noqa: B018 - only glibc has it
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: no CDLL(None) off POSIX
         return None
     function.argtypes = [ctypes.c_int, ctypes.c_int]
     function.restype = ctypes.c_int
