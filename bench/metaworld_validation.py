@@ -81,6 +81,10 @@ def checkpoint_curve(
     if not kept:
         raise SystemExit(f"{runs} holds no checkpoint (expected */checkpoints/ckpt-NNNNNNNN)")
     heldout = read_episodes(cfg.data.heldout, episodes_where=episode_filter(cfg, "heldout"))
+    # Online context explored with the library draws its policies from the training tasks.
+    train = None
+    if cfg.evaluation.context == "online" and cfg.evaluation.context_explore == "library":
+        train = read_episodes(cfg.data.train, episodes_where=episode_filter(cfg, "train"))
     points = []
     for directory in kept[-1:] if final_only else kept:
         lead = read_shard(directory, 0)
@@ -88,7 +92,7 @@ def checkpoint_curve(
         # here) a batch-1 layer of the rollouts took 7 ms on the busy 2-core machine, and
         # the policy's forward passes most of the online evaluation's time.
         with torch_threads(cfg.training.torch_threads):
-            report = evaluate(cfg, lead["learner"], heldout)
+            report = evaluate(cfg, lead["learner"], heldout, train=train)
         metrics = report.metrics()
         points.append(
             {

@@ -118,7 +118,7 @@ class EpisodesWhereConfig(BaseModel):
 NormalizedColumn = Literal["obs", "rewards", "returns"]
 """What ``data.normalize`` may name (docs/normalization.md)."""
 
-ContextExplore = Literal["prior", "posterior", "refine"]
+ContextExplore = Literal["prior", "posterior", "refine", "library"]
 """Which policy explores a held-out task for ``evaluation.context: online``."""
 
 
@@ -510,11 +510,15 @@ class EvaluationConfig(BaseModel):
         "the same task. refine: episode 1 the unadapted policy, episode k the parameters of "
         "episode k-1 moved context_refine_step times the way adapting on episode k-1 alone "
         "moves them; the support set is then the window of the task's exploration episode "
-        "with the highest return (IDAQ's return-based choice of context). prior is the "
-        "default: posterior feeds the learner's guess back into its context, and an encoder "
-        "that reads actions (as the shipped context configs do) then reads its own adapted "
-        "actions, which echo that guess instead of telling the task. With one episode all "
-        "three are the same (docs/episodes.md#online-context).",
+        "with the highest return (IDAQ's return-based choice of context). library: the "
+        "training tasks' policies (each adapted on its recorded context) take turns, one "
+        "window of tasks.support_window steps each, then the best-scoring one runs on; the "
+        "support set is the window that scored best (context_score_steps, "
+        "docs/episodes.md#library). prior is the default: posterior feeds the learner's guess "
+        "back into its context, and an encoder that reads actions (as the shipped context "
+        "configs do) then reads its own adapted actions, which echo that guess instead of "
+        "telling the task. With one episode prior, posterior and refine are the same "
+        "(docs/episodes.md#online-context).",
     )
     context_refine_step: float = Field(
         1.0,
@@ -522,6 +526,12 @@ class EvaluationConfig(BaseModel):
         description="context_explore: refine's step: 1 explores each episode with the "
         "policy adapted on the one before; above 1 goes further the same way "
         "(docs/episodes.md#refine).",
+    )
+    context_score_steps: int = Field(
+        10,
+        ge=1,
+        description="context_explore: library's score of a window: the mean reward of its "
+        "last context_score_steps steps (at most tasks.support_window).",
     )
     env: str | None = Field(
         None,
@@ -577,6 +587,16 @@ class EvaluationConfig(BaseModel):
                 f"context_refine_step is {self.context_refine_step}, but only context_explore "
                 f"'refine' takes a step and it is {self.context_explore!r}: set "
                 "context_explore to refine or drop context_refine_step"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _score_steps_score_library_windows(self) -> EvaluationConfig:
+        if self.context_score_steps != 10 and self.context_explore != "library":
+            raise ValueError(
+                f"context_score_steps is {self.context_score_steps}, but only context_explore "
+                f"'library' scores windows and it is {self.context_explore!r}: set "
+                "context_explore to library or drop context_score_steps"
             )
         return self
 
@@ -762,6 +782,24 @@ class MetaTrainConfig(BaseModel):
                 f"evaluation.context_window={window!r} takes steps of a held-out task's context "
                 "episodes; tasks.support_from is 'transitions': set tasks.support_from to "
                 "episodes or drop evaluation.context_window"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _library_windows(self) -> MetaTrainConfig:
+        if self.evaluation.context_explore != "library":
+            return self
+        window, score = self.tasks.support_window, self.evaluation.context_score_steps
+        if window is None:
+            raise ValueError(
+                "evaluation.context_explore 'library' gives each training task's policy a "
+                "window of tasks.support_window steps, but tasks.support_window is null: set "
+                "it (with tasks.support_from: episodes)"
+            )
+        if score > window:
+            raise ValueError(
+                f"evaluation.context_score_steps={score} scores the last steps of a window of "
+                f"tasks.support_window={window}: expected at most {window}"
             )
         return self
 

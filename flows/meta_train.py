@@ -115,7 +115,9 @@ def evaluate_learner(
     cfg: MetaTrainConfig, trained: TrainResult, datasets: Datasets
 ) -> EvaluationReport:
     """``flows.evaluation.heldout.evaluate`` of the trained learner on the held-out data."""
-    return evaluate(cfg, trained.learner_state, datasets.heldout, logger=_logger())
+    return evaluate(
+        cfg, trained.learner_state, datasets.heldout, train=datasets.train, logger=_logger()
+    )
 
 
 @task(

@@ -4,7 +4,9 @@
 ``obs, actions, rewards, new_obs, terminateds, truncateds``; ``returns`` /
 ``returns_truncated`` are derived per recorded episode with ``data.gamma`` (as at ingest).
 
-``support_windows`` turns each task's recorded episodes into one support set. Vmap needs one
+``Slice`` is some steps of a recorded episode (``evaluation.context_explore: library``
+keeps one window of an episode). ``support_windows`` turns each task's recorded episodes
+(or slices) into one support set. Vmap needs one
 support size for every task: each episode gives its first L steps, L = ``window``
 (``tasks.support_window``) when every episode is at least that long, otherwise the shortest
 episode's length, so K = episodes x L (fixed-horizon environments give whole episodes).
@@ -13,7 +15,7 @@ episode's length, so K = episodes x L (fixed-horizon environments give whole epi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -55,6 +57,27 @@ class Recorder(gym.Wrapper):
         return len(self.steps["rewards"])
 
 
+class Recorded(Protocol):
+    """Recorded steps: a ``Recorder``'s whole episode, or a ``Slice`` of one."""
+
+    @property
+    def steps(self) -> dict[str, list[Any]]: ...
+
+    @property
+    def length(self) -> int: ...
+
+
+class Slice:
+    """Steps ``[start, stop)`` of a recorded episode (fewer where it ended sooner)."""
+
+    def __init__(self, recorder: Recorder, start: int, stop: int) -> None:
+        self.steps = {name: values[start:stop] for name, values in recorder.steps.items()}
+
+    @property
+    def length(self) -> int:
+        return len(self.steps["rewards"])
+
+
 class Windows(NamedTuple):
     """Support sets cut from recorded episodes."""
 
@@ -66,7 +89,7 @@ class Windows(NamedTuple):
 
 
 def support_windows(
-    episodes: Sequence[Sequence[Recorder]],
+    episodes: Sequence[Sequence[Recorded]],
     *,
     module: str,
     window: int | None,
@@ -98,7 +121,7 @@ def support_windows(
 
 
 def _columns(
-    recorders: Sequence[Recorder], lengths: np.ndarray, gamma: float
+    recorders: Sequence[Recorded], lengths: np.ndarray, gamma: float
 ) -> dict[str, np.ndarray]:
     """Every recorded step of ``recorders`` (episode after episode), and the derived
     columns."""

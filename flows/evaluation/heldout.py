@@ -197,9 +197,11 @@ def evaluate(
     learner_state: Mapping[str, Any],
     heldout: Episodes,
     *,
+    train: Episodes | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
 ) -> EvaluationReport:
-    """Evaluate the learner in ``learner_state`` on ``heldout`` (see the module docstring)."""
+    """Evaluate the learner in ``learner_state`` on ``heldout`` (see the module docstring);
+    ``train``, the training data, is read only by ``evaluation.context_explore: library``."""
     logger = logger or _log
     settings = cfg.evaluation
     learner = MetaLearner.from_state(learner_state, device=cfg.training.device)
@@ -227,7 +229,7 @@ def evaluate(
                 "environment: set evaluation.env, or evaluation.context to offline"
             )
         online = collect_online_context(
-            cfg, learner, task_ids, envs, samples.arrays, obs_layout=layout
+            cfg, learner, task_ids, envs, samples.arrays, obs_layout=layout, train=train
         )
         meta_batch = {"support": online.support, "query": meta_batch["query"]}
         context = online.describe()

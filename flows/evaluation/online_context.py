@@ -23,7 +23,11 @@ Which policy explores is ``evaluation.context_explore``:
   last belief and corrects it by what that belief's own episode showed, so a learner whose
   context only ever held episodes of the task's goal sees ever more of that kind; the
   support set is then one episode per task, the one with the highest return (IDAQ's
-  return-based choice of in-distribution context, Wang et al. 2023), cut as above.
+  return-based choice of in-distribution context, Wang et al. 2023), cut as above;
+- ``library``: the training tasks' policies, each adapted on its recorded context, take
+  turns within the episodes, a window of ``tasks.support_window`` steps each, and the
+  best-scoring one runs on; the support set is each task's best-scoring window
+  (``flows.evaluation.library_search``).
 
 Exploration starts come from one generator seeded with ``evaluation.seed + 1``, so they
 differ from the evaluation rollouts' starts (``evaluation.seed``); ``posterior`` draws the
@@ -42,11 +46,13 @@ import torch
 from flows.config import ContextExplore, MetaTrainConfig
 from flows.evaluation.environments import HeldoutEnvs
 from flows.evaluation.exploration_steps import Recorder, Windows, support_windows
+from flows.evaluation.library_search import LibrarySearch, library
 from flows.evaluation.rollouts import Policy, PolicyActions, roll_out
 from flows.evaluation.task_rollouts import adapt_tasks
 from learners.meta.learner import MetaLearner
 from learners.models.factory import build_model
 from pipeline.contract.schema import ObservationLayout
+from pipeline.reads.episodes import Episodes
 from pipeline.streams.collate import Batch
 
 
@@ -67,8 +73,18 @@ class OnlineContext:
     """Every exploration episode's undiscounted return, task-major."""
     refine_step: float | None = None
     """``evaluation.context_refine_step`` for ``refine``, else None."""
+    library: int | None = None
+    """The library's policies for ``library``, else None."""
+    score_steps: int | None = None
+    """``evaluation.context_score_steps`` for ``library``, else None."""
 
     def describe(self) -> str:
+        if self.library is not None:
+            return (
+                f"online: {self.episodes} exploration episode(s) per task, library "
+                f"({self.library} training tasks' policies, {self.steps} steps each, scored by "
+                f"the mean reward of their last {self.score_steps}; context: the best window)"
+            )
         line = (
             f"online: {self.episodes} exploration episode(s) x {self.steps} steps per task, "
             f"{self.explore}"
@@ -86,10 +102,12 @@ def collect_online_context(
     like: Mapping[str, np.ndarray],
     *,
     obs_layout: ObservationLayout | None = None,
+    train: Episodes | None = None,
 ) -> OnlineContext:
     """Exploration episodes in each of ``task_ids`` as support sets (module docstring);
     ``like``: the held-out samples' arrays, whose columns (those recorded or derived) and
-    dtypes the support sets take."""
+    dtypes the support sets take; ``train``: the training data, which ``library`` draws
+    its policies from."""
     settings = cfg.evaluation
     (data_module,) = learner.config.data_modules
     module = learner.config.rollout_module
@@ -115,7 +133,27 @@ def collect_online_context(
             obs_layout=obs_layout,
         )
 
-    if settings.context_explore == "prior":
+    search = None
+    if settings.context_explore == "library":
+        if train is None:
+            raise ValueError(
+                "evaluation.context_explore 'library' draws its policies from the training "
+                "tasks: pass their data (train=)"
+            )
+        window = cfg.tasks.support_window
+        assert window is not None  # MetaTrainConfig refuses library without one
+        windows = count * -(-steps // window)
+        search = LibrarySearch(
+            episodes,
+            library(cfg, learner, train, windows),
+            actions,
+            window=window,
+            score_steps=settings.context_score_steps,
+        )
+        for episode in range(count):
+            policy = search.policy(episode)
+            roll_out([task[episode] for task in episodes], policy, seed=starts, max_steps=steps)
+    elif settings.context_explore == "prior":
         roll_out([r for task in episodes for r in task], unadapted, seed=starts, max_steps=steps)
     elif settings.context_explore == "posterior":
         for episode in range(count):
@@ -138,7 +176,9 @@ def collect_online_context(
         recorder.close()
     returns = [[float(np.sum(r.steps["rewards"])) for r in task] for task in episodes]
     refine = settings.context_explore == "refine"
-    if refine:
+    if search is not None:
+        final = cut([[best] for best in search.best()])
+    elif refine:
         final = cut(
             [[task[int(np.argmax(got))]] for task, got in zip(episodes, returns, strict=True)]
         )
@@ -152,6 +192,8 @@ def collect_online_context(
         lengths=[r.length for task in episodes for r in task],
         returns=[value for task in returns for value in task],
         refine_step=settings.context_refine_step if refine else None,
+        library=None if search is None else search.size,
+        score_steps=None if search is None else settings.context_score_steps,
     )
 
 

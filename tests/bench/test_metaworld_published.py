@@ -170,5 +170,5 @@ def test_an_online_evaluation_is_cached_per_settings_and_evaluation_section(
     assert first == online_cache(load_config(config, applied), runs, settings)
     assert first.parent == runs.parent and first.name.startswith("online-")
     # The config's own evaluation settings changed (not the online ones): evaluated again.
-    other = load_config(config, [*applied, "evaluation.context_refine_step=1.5"])
+    other = load_config(config, [*applied, "evaluation.context_score_steps=5"])
     assert online_cache(other, runs, settings) != first

@@ -148,8 +148,8 @@ def test_learners_section_is_a_meta_config_plus_placement() -> None:
         ),
         (
             ["evaluation.context_explore=greedy"],
-            "evaluation.context_explore: Input should be 'prior', 'posterior' or 'refine' (got "
-            "'greedy')",
+            "evaluation.context_explore: Input should be 'prior', 'posterior', 'refine' or "
+            "'library' (got 'greedy')",
         ),
         (
             ["evaluation.context_refine_step=2"],
@@ -159,6 +159,32 @@ def test_learners_section_is_a_meta_config_plus_placement() -> None:
         (
             ["evaluation.context_explore=refine", "evaluation.context_refine_step=0"],
             "evaluation.context_refine_step: Input should be greater than 0 (got 0)",
+        ),
+        (
+            ["evaluation.context_score_steps=5"],
+            "evaluation: context_score_steps is 5, but only context_explore 'library' scores "
+            "windows and it is 'prior': set context_explore to library or drop "
+            "context_score_steps",
+        ),
+        (
+            ["evaluation.context_explore=library", "evaluation.context_score_steps=0"],
+            "evaluation.context_score_steps: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            ["evaluation.context_explore=library"],
+            "<config>: evaluation.context_explore 'library' gives each training task's policy a "
+            "window of tasks.support_window steps, but tasks.support_window is null: set it "
+            "(with tasks.support_from: episodes)",
+        ),
+        (
+            [
+                "evaluation.context_explore=library",
+                "tasks.support_from=episodes",
+                "tasks.support_window=8",
+                "evaluation.context_score_steps=9",
+            ],
+            "<config>: evaluation.context_score_steps=9 scores the last steps of a window of "
+            "tasks.support_window=8: expected at most 8",
         ),
         (
             ["data.validation_memory_mb=0"],

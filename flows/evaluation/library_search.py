@@ -1,0 +1,133 @@
+"""``evaluation.context_explore: library``: the training tasks' own policies, tried in turn.
+
+The library: training tasks drawn with ``evaluation.seed`` (every one when there are no
+more than the exploration has windows), each adapted (the learner's ``adapt``,
+``rollout_adapt_steps``) on the context a held-out task gets offline, cut from its recorded
+episodes the same way (``evaluation.context_window``). These are behaviours the learner was
+trained to produce and its encoder was trained to read.
+
+The exploration episodes are cut into windows of L = ``tasks.support_window`` steps, counted
+per held-out task across its episodes (an episode's last window may be shorter). Window j
+runs library policy j until each has run once; every later window runs the policy whose
+window scored best so far (one per task). A window's score is the mean reward of its last
+``evaluation.context_score_steps`` steps: where that policy has brought the task by then.
+The support set is each task's best-scoring window (the first of equals), so the learner
+adapts on the steps of the trained behaviour that came nearest the held-out task. Policies
+switch within an episode: this suits tasks whose state a policy can leave (a reach), not
+those a wrong move spoils (an object pushed away).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flows.config import MetaTrainConfig
+from flows.evaluation.exploration_steps import Recorder, Slice
+from flows.evaluation.rollouts import Observed, Policy, PolicyActions
+from flows.evaluation.task_rollouts import adapt_tasks
+from flows.stages.task_checks import support_options
+from learners.meta.learner import MetaLearner
+from pipeline.reads.episodes import Episodes
+from pipeline.streams.collate import finalize
+from pipeline.tasks.samples import task_samples
+
+
+def library(
+    cfg: MetaTrainConfig, learner: MetaLearner, train: Episodes, size: int
+) -> dict[str, torch.Tensor]:
+    """Up to ``size`` training tasks' adapted parameters of the rollout module (module
+    docstring), stacked ``[policies, ...]`` per name, in the training tasks' order."""
+    samples = task_samples(
+        train,
+        **support_options(cfg, heldout=True),
+        modules_to_update=learner.config.data_modules,
+        skip_small_tasks=cfg.tasks.skip_small_tasks,
+        gamma=cfg.data.gamma,
+    )
+    batch, _ = samples.one_per_task(size, seed=cfg.evaluation.seed)
+    support = finalize(batch, learner.device, obs_layout=train.schema.obs_layout)["support"]
+    module = learner.config.rollout_module
+    return adapt_tasks(learner, module, support, cfg.evaluation.rollout_adapt_steps)
+
+
+@dataclass
+class _Window:
+    episode: int
+    start: int
+    policy: int
+    """The library policy it ran."""
+
+
+class LibrarySearch:
+    """The windows of every held-out task's exploration episodes (module docstring): build
+    it, ``policy(episode)`` for each episode's ``roll_out`` in turn, then ``best()``."""
+
+    def __init__(
+        self,
+        episodes: Sequence[Sequence[Recorder]],
+        policies: dict[str, torch.Tensor],
+        actions: PolicyActions,
+        *,
+        window: int,
+        score_steps: int,
+    ) -> None:
+        self._episodes = episodes
+        self._policies = policies
+        self._actions = actions
+        self._window = window
+        self._score_steps = score_steps
+        self.size = next(iter(policies.values())).shape[0]
+        self._windows: list[list[_Window]] = [[] for _ in episodes]
+        self._best: list[int | None] = [None] * len(episodes)
+
+    def policy(self, episode: int) -> Policy:
+        """The policy of episode ``episode`` of every task: each row acts with the library
+        policy its current window runs."""
+        chosen = np.full(len(self._episodes), -1)
+        acting: list[Policy] = []
+
+        def act(observed: Observed) -> np.ndarray:
+            for row in observed.rows:
+                if self._episodes[row][episode].length % self._window == 0:
+                    chosen[row] = self._next(row, episode)
+                    acting.clear()
+            if not acting:
+                index = torch.as_tensor(np.maximum(chosen, 0))
+                params = {name: p[index.to(p.device)] for name, p in self._policies.items()}
+                acting.append(self._actions.per_episode(params))
+            return acting[0](observed)
+
+        return act
+
+    def best(self) -> list[Slice]:
+        """Each task's best-scoring window."""
+        found = []
+        for task, windows in enumerate(self._windows):
+            scores = [self._score(task, w) for w in windows]
+            chosen = windows[int(np.argmax(scores))]
+            recorder = self._episodes[task][chosen.episode]
+            found.append(Slice(recorder, chosen.start, chosen.start + self._window))
+        return found
+
+    def _next(self, task: int, episode: int) -> int:
+        """The library policy of ``task``'s next window, which starts now."""
+        windows = self._windows[task]
+        if len(windows) < self.size:
+            policy = len(windows)
+        else:
+            if self._best[task] is None:
+                scores = [self._score(task, w) for w in windows]
+                self._best[task] = windows[int(np.argmax(scores))].policy
+            policy = self._best[task]
+        start = self._episodes[task][episode].length
+        windows.append(_Window(episode, start, policy))
+        return policy
+
+    def _score(self, task: int, window: _Window) -> float:
+        rewards = self._episodes[task][window.episode].steps["rewards"]
+        steps = rewards[window.start : window.start + self._window][-self._score_steps :]
+        return float(np.mean(steps))
