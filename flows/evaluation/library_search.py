@@ -9,8 +9,9 @@ trained to produce and its encoder was trained to read.
 The exploration episodes are cut into windows of L = ``tasks.support_window`` steps, counted
 per held-out task across its episodes (an episode's last window may be shorter). Window j
 runs library policy j until each has run once; every later window runs the policy whose
-window scored best so far (one per task). A window's score is the mean reward of its last
-``evaluation.context_score_steps`` steps: where that policy has brought the task by then.
+window scored best in that first turn (one per task). A window's score is the mean reward
+of its last ``evaluation.context_score_steps`` steps: where that policy has brought the task
+by then.
 The support set is each task's best-scoring window (the first of equals), so the learner
 adapts on the steps of the trained behaviour that came nearest the held-out task. Policies
 switch within an episode: this suits tasks whose state a policy can leave (a reach), not
@@ -27,7 +28,7 @@ import torch
 
 from flows.config import MetaTrainConfig
 from flows.evaluation.exploration_steps import Recorder, Slice
-from flows.evaluation.rollouts import Observed, Policy, PolicyActions
+from flows.evaluation.rollouts import Observed, Policy, PolicyActions, roll_out
 from flows.evaluation.task_rollouts import adapt_tasks
 from flows.stages.task_checks import support_options
 from learners.meta.learner import MetaLearner
@@ -52,6 +53,50 @@ def library(
     support = finalize(batch, learner.device, obs_layout=train.schema.obs_layout)["support"]
     module = learner.config.rollout_module
     return adapt_tasks(learner, module, support, cfg.evaluation.rollout_adapt_steps)
+
+
+def explore_with_library(
+    cfg: MetaTrainConfig,
+    learner: MetaLearner,
+    episodes: Sequence[Sequence[Recorder]],
+    actions: PolicyActions,
+    train: Episodes | None,
+    starts: np.random.Generator,
+) -> LibrarySearch:
+    """Runs ``episodes`` (per held-out task, ``evaluation.context_episodes`` recorders) with
+    the library (module docstring), from ``starts``; the search then knows each task's best
+    window."""
+    if train is None:
+        raise ValueError(
+            "evaluation.context_explore 'library' draws its policies from the training "
+            "tasks: pass their data (train=)"
+        )
+    settings = cfg.evaluation
+    window = cfg.tasks.support_window
+    assert window is not None  # MetaTrainConfig refuses library without one
+    count, steps = settings.context_episodes, settings.max_episode_steps
+    search = LibrarySearch(
+        episodes,
+        library(cfg, learner, train, count * -(-steps // window)),
+        actions,
+        window=window,
+        score_steps=settings.context_score_steps,
+    )
+    for episode in range(count):
+        policy = search.policy(episode)
+        roll_out([task[episode] for task in episodes], policy, seed=starts, max_steps=steps)
+    return search
+
+
+@dataclass(frozen=True)
+class LibraryTurns:
+    """How a library search explored: what ``OnlineContext.describe`` reports."""
+
+    policies: int
+    steps: int
+    """Steps of each policy's turn (``tasks.support_window``)."""
+    score_steps: int
+    """``evaluation.context_score_steps``."""
 
 
 @dataclass
@@ -81,25 +126,27 @@ class LibrarySearch:
         self._window = window
         self._score_steps = score_steps
         self.size = next(iter(policies.values())).shape[0]
+        self.turns = LibraryTurns(self.size, window, score_steps)
         self._windows: list[list[_Window]] = [[] for _ in episodes]
         self._best: list[int | None] = [None] * len(episodes)
 
     def policy(self, episode: int) -> Policy:
         """The policy of episode ``episode`` of every task: each row acts with the library
         policy its current window runs."""
-        chosen = np.full(len(self._episodes), -1)
-        acting: list[Policy] = []
+        chosen = np.zeros(len(self._episodes), dtype=np.int64)
+        current: Policy | None = None
 
         def act(observed: Observed) -> np.ndarray:
+            nonlocal current
             for row in observed.rows:
                 if self._episodes[row][episode].length % self._window == 0:
                     chosen[row] = self._next(row, episode)
-                    acting.clear()
-            if not acting:
-                index = torch.as_tensor(np.maximum(chosen, 0))
+                    current = None
+            if current is None:
+                index = torch.from_numpy(chosen)
                 params = {name: p[index.to(p.device)] for name, p in self._policies.items()}
-                acting.append(self._actions.per_episode(params))
-            return acting[0](observed)
+                current = self._actions.per_episode(params)
+            return current(observed)
 
         return act
 

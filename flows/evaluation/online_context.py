@@ -45,8 +45,8 @@ import torch
 
 from flows.config import ContextExplore, MetaTrainConfig
 from flows.evaluation.environments import HeldoutEnvs
-from flows.evaluation.exploration_steps import Recorder, Windows, support_windows
-from flows.evaluation.library_search import LibrarySearch, library
+from flows.evaluation.exploration_steps import Recorded, Recorder, Windows, support_windows
+from flows.evaluation.library_search import LibraryTurns, explore_with_library
 from flows.evaluation.rollouts import Policy, PolicyActions, roll_out
 from flows.evaluation.task_rollouts import adapt_tasks
 from learners.meta.learner import MetaLearner
@@ -73,17 +73,17 @@ class OnlineContext:
     """Every exploration episode's undiscounted return, task-major."""
     refine_step: float | None = None
     """``evaluation.context_refine_step`` for ``refine``, else None."""
-    library: int | None = None
-    """The library's policies for ``library``, else None."""
-    score_steps: int | None = None
-    """``evaluation.context_score_steps`` for ``library``, else None."""
+    library: LibraryTurns | None = None
+    """How ``library`` explored, else None."""
 
     def describe(self) -> str:
         if self.library is not None:
+            turns = self.library
             return (
                 f"online: {self.episodes} exploration episode(s) per task, library "
-                f"({self.library} training tasks' policies, {self.steps} steps each, scored by "
-                f"the mean reward of their last {self.score_steps}; context: the best window)"
+                f"({turns.policies} training tasks' policies, {turns.steps} steps each, scored "
+                f"by the mean reward of their last {turns.score_steps}; context: the best "
+                "window)"
             )
         line = (
             f"online: {self.episodes} exploration episode(s) x {self.steps} steps per task, "
@@ -122,7 +122,7 @@ def collect_online_context(
     starts = np.random.default_rng(settings.seed + 1)
     steps = settings.max_episode_steps
 
-    def cut(recorded: Sequence[Sequence[Recorder]]) -> Windows:
+    def cut(recorded: Sequence[Sequence[Recorded]]) -> Windows:
         return support_windows(
             recorded,
             module=data_module,
@@ -135,24 +135,7 @@ def collect_online_context(
 
     search = None
     if settings.context_explore == "library":
-        if train is None:
-            raise ValueError(
-                "evaluation.context_explore 'library' draws its policies from the training "
-                "tasks: pass their data (train=)"
-            )
-        window = cfg.tasks.support_window
-        assert window is not None  # MetaTrainConfig refuses library without one
-        windows = count * -(-steps // window)
-        search = LibrarySearch(
-            episodes,
-            library(cfg, learner, train, windows),
-            actions,
-            window=window,
-            score_steps=settings.context_score_steps,
-        )
-        for episode in range(count):
-            policy = search.policy(episode)
-            roll_out([task[episode] for task in episodes], policy, seed=starts, max_steps=steps)
+        search = explore_with_library(cfg, learner, episodes, actions, train, starts)
     elif settings.context_explore == "prior":
         roll_out([r for task in episodes for r in task], unadapted, seed=starts, max_steps=steps)
     elif settings.context_explore == "posterior":
@@ -192,8 +175,7 @@ def collect_online_context(
         lengths=[r.length for task in episodes for r in task],
         returns=[value for task in returns for value in task],
         refine_step=settings.context_refine_step if refine else None,
-        library=None if search is None else search.size,
-        score_steps=None if search is None else settings.context_score_steps,
+        library=None if search is None else search.turns,
     )
 
 

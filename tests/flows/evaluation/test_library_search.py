@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from flows.config import MetaTrainConfig
-from flows.evaluation import online_context
+from flows.evaluation import library_search
 from flows.evaluation.environments import heldout_envs
+from flows.evaluation.library_search import LibraryTurns
 from flows.evaluation.online_context import OnlineContext, collect_online_context
 from flows.stages.task_checks import support_options
 from learners.meta.learner import MetaLearner
@@ -99,13 +100,13 @@ def test_each_training_policy_acts_one_window_then_the_best_and_the_best_window_
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ran: list[list[Any]] = []
-    real_roll_out = online_context.roll_out
+    real_roll_out = library_search.roll_out
 
     def recording(rows: list[Any], policy: Any, **kwargs: Any) -> Any:
         ran.append(list(rows))  # every task's recorder of this episode, in task order
         return real_roll_out(rows, policy, **kwargs)
 
-    monkeypatch.setattr(online_context, "roll_out", recording)
+    monkeypatch.setattr(library_search, "roll_out", recording)
     cfg, learner, heldout, samples = _setup(data, tmp_path)
     context = collect_online_context(
         cfg,
@@ -169,6 +170,7 @@ def test_the_context_records_what_the_library_did(data: Path, tmp_path: Path) ->
         samples.arrays,
         train=read_episodes(data / "train"),
     )
-    assert (context.library, context.score_steps, context.steps) == (12, SCORE, WINDOW)
+    assert context.library == LibraryTurns(policies=12, steps=WINDOW, score_steps=SCORE)
+    assert context.steps == WINDOW
     assert context.lengths == [EPISODE] * (EPISODES * len(TASKS))
     assert len(context.returns) == EPISODES * len(TASKS)
