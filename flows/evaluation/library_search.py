@@ -93,6 +93,8 @@ class LibraryTurns:
     """How a library search explored: what ``OnlineContext.describe`` reports."""
 
     policies: int
+    """Library policies that took a turn in every held-out task (fewer than the library's
+    when the episodes ended first)."""
     steps: int
     """Steps of each policy's turn (``tasks.support_window``)."""
     score_steps: int
@@ -126,7 +128,6 @@ class LibrarySearch:
         self._window = window
         self._score_steps = score_steps
         self.size = next(iter(policies.values())).shape[0]
-        self.turns = LibraryTurns(self.size, window, score_steps)
         self._windows: list[list[_Window]] = [[] for _ in episodes]
         self._best: list[int | None] = [None] * len(episodes)
 
@@ -149,6 +150,12 @@ class LibrarySearch:
             return current(observed)
 
         return act
+
+    @property
+    def turns(self) -> LibraryTurns:
+        """How the exploration went so far."""
+        tried = min(min(len(windows), self.size) for windows in self._windows)
+        return LibraryTurns(tried, self._window, self._score_steps)
 
     def best(self) -> list[Slice]:
         """Each task's best-scoring window."""

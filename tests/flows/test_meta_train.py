@@ -219,3 +219,24 @@ def test_warm_start_continues_from_latest_and_records_the_parent(first_run: Firs
     assert adaptation["curves"][0]["mean"] == list(summary.evaluation.query_loss.values())
     assert adaptation["curves"][1]["mean"] == list(parent["query_loss"].values())
     assert adaptation["curves"][1]["per_task"] == parent["query_loss_per_task"]
+
+
+def test_the_flow_gives_the_library_its_training_data(tmp_path: Path) -> None:
+    from pipeline.synthetic import PointRobotTasks, generate
+
+    data = tmp_path / "robot"
+    generate(PointRobotTasks(episodes_per_task=2), data, tasks=6, heldout_tasks=2, seed=0)
+    library = [
+        "tasks.support_from=episodes",
+        "tasks.support_window=5",
+        "tasks.query=5",
+        "evaluation.context=online",
+        "evaluation.context_explore=library",
+        "evaluation.context_score_steps=3",
+    ]
+    summary = meta_train(tiny_config(data, tmp_path, library))
+    # One 20-step episode holds 4 turns of 5 steps: 4 of the 6 training goals' policies ran.
+    assert summary.evaluation.context == (
+        "online: 1 exploration episode(s) per task, library (4 training tasks' policies, 5 "
+        "steps each, scored by the mean reward of their last 3; context: the best window)"
+    )

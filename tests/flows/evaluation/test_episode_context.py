@@ -1,7 +1,7 @@
 """Episodes as context, with every algorithm: training on support sets of episodes, held-out
 adaptation on the held-out task's recorded episodes (``evaluation.context: offline``) or on
-exploration episodes in its environment (``online``, explored with the prior or the
-posterior), checks before Ray, and a resumed run
+exploration episodes in its environment (``online``, explored with the prior, the
+posterior or the library of training tasks' policies), checks before Ray, and a resumed run
 with episode supports that ends as an uninterrupted one.
 
 A tiny point robot (6 train and 3 held-out goals, 3 episodes of 20 steps each), networks of
@@ -102,6 +102,27 @@ def test_every_algorithm_trains_on_episodes_and_adapts_on_offline_and_online_con
     assert posterior.context == "online: 2 exploration episode(s) x 20 steps per task, posterior"
     assert posterior.support == 2 * EPISODE_STEPS
     assert posterior.query_loss[0] == pytest.approx(offline.query_loss[0], rel=1e-6)
+
+    # The training goals' own policies (this algorithm's adapt on their recorded episodes)
+    # take turns of 5 steps, 4 a 20-step episode: 6 policies, then twice the best.
+    library_cfg = validate_config(
+        _document(
+            data,
+            tmp_path,
+            algorithm,
+            "evaluation.context=online",
+            "evaluation.context_episodes=2",
+            "evaluation.context_explore=library",
+            "evaluation.context_score_steps=3",
+            "tasks.support_window=5",
+        )
+    )
+    library = evaluate(library_cfg, trained.learner_state, datasets.heldout, train=datasets.train)
+    assert library.context == (
+        "online: 2 exploration episode(s) per task, library (6 training tasks' policies, 5 "
+        "steps each, scored by the mean reward of their last 3; context: the best window)"
+    )
+    assert library.support == 5 and set(library.returns) >= {"unadapted", "adapted"}
 
 
 @pytest.mark.timeout(120)
