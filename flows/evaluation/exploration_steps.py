@@ -6,10 +6,10 @@
 
 ``Slice`` is some steps of a recorded episode (``evaluation.context_explore: library``
 keeps one window of an episode). ``support_windows`` turns each task's recorded episodes
-(or slices) into one support set. Vmap needs one
-support size for every task: each episode gives its first L steps, L = ``window``
-(``tasks.support_window``) when every episode is at least that long, otherwise the shortest
-episode's length, so K = episodes x L (fixed-horizon environments give whole episodes).
+(or slices) into one support set. Vmap needs one support size for every task: each episode
+gives its first L steps, L = ``window`` (``tasks.support_window``) when every episode is at
+least that long, otherwise the shortest episode's length, so K = episodes x L
+(fixed-horizon environments give whole episodes).
 """
 
 from __future__ import annotations

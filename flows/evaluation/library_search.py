@@ -11,11 +11,10 @@ per held-out task across its episodes (an episode's last window may be shorter).
 runs library policy j until each has run once; every later window runs the policy whose
 window scored best in that first turn (one per task). A window's score is the mean reward
 of its last ``evaluation.context_score_steps`` steps: where that policy has brought the task
-by then.
-The support set is each task's best-scoring window (the first of equals), so the learner
-adapts on the steps of the trained behaviour that came nearest the held-out task. Policies
-switch within an episode: this suits tasks whose state a policy can leave (a reach), not
-those a wrong move spoils (an object pushed away).
+by then. The support set is each task's best-scoring window (the first of equals), so the
+learner adapts on the steps of the trained behaviour that came nearest the held-out task.
+Policies switch within an episode: this suits tasks whose state a policy can leave (a
+reach), not those a wrong move spoils (an object pushed away).
 """
 
 from __future__ import annotations
