@@ -80,6 +80,20 @@ EPISODE_CONTEXT = (
 rollout of each of 3 held-out tasks (with data of 3 episodes per goal)."""
 
 
+def online_context_learner(window: int) -> list[str]:
+    """``tiny_document`` overrides for an untrained context learner on the point robot (a
+    deterministic head, an encoder of 7-8-8 that reads rewards) whose held-out context is
+    collected online, ``window`` steps of each exploration episode."""
+    return [
+        "learners.algorithm=context",
+        "learners.modules.default_policy.model.head=deterministic",
+        "learners.modules.encoder={obs_dim: 7, action_dim: 8, model: {hidden_sizes: [8]}}",
+        "tasks.support_from=episodes",
+        f"tasks.support_window={window}",
+        "evaluation.context=online",
+    ]
+
+
 def tiny_config(data: Path, work: Path, overrides: Sequence[str] = ()) -> MetaTrainConfig:
     return validate_config(tiny_document(data, work, overrides))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flows.config import ConfigError, validate_config
+from flows.config import ConfigError, MetaTrainConfig, validate_config
 from flows.evaluation.heldout import evaluate
 from flows.stages.datasets import validate_datasets
 from flows.stages.task_checks import check_task_sampling
@@ -74,12 +74,12 @@ def test_every_algorithm_trains_on_episodes_and_adapts_on_offline_and_online_con
     )
     assert "context offline: 1 whole recorded episode(s)" in offline.format().splitlines()[0]
 
-    online_cfg = validate_config(
-        _document(
-            data, tmp_path, algorithm, "evaluation.context=online", "evaluation.context_episodes=2"
-        )
-    )
-    online = evaluate(online_cfg, trained.learner_state, datasets.heldout)
+    def online_context(*settings: str) -> MetaTrainConfig:
+        """The config with two exploration episodes per held-out task, and ``settings``."""
+        online = ["evaluation.context=online", "evaluation.context_episodes=2", *settings]
+        return validate_config(_document(data, tmp_path, algorithm, *online))
+
+    online = evaluate(online_context(), trained.learner_state, datasets.heldout)
     # The report names the policy that explored (the default: the unadapted one).
     assert online.context == "online: 2 exploration episode(s) x 20 steps per task, prior"
     assert online.support == 2 * EPISODE_STEPS
@@ -88,16 +88,7 @@ def test_every_algorithm_trains_on_episodes_and_adapts_on_offline_and_online_con
     assert online.query_loss[0] == pytest.approx(offline.query_loss[0], rel=1e-6)
 
     # Episode 2 by the policy adapted on episode 1, through this algorithm's own adapt.
-    posterior_cfg = validate_config(
-        _document(
-            data,
-            tmp_path,
-            algorithm,
-            "evaluation.context=online",
-            "evaluation.context_episodes=2",
-            "evaluation.context_explore=posterior",
-        )
-    )
+    posterior_cfg = online_context("evaluation.context_explore=posterior")
     posterior = evaluate(posterior_cfg, trained.learner_state, datasets.heldout)
     assert posterior.context == "online: 2 exploration episode(s) x 20 steps per task, posterior"
     assert posterior.support == 2 * EPISODE_STEPS
@@ -105,17 +96,10 @@ def test_every_algorithm_trains_on_episodes_and_adapts_on_offline_and_online_con
 
     # The training goals' own policies (this algorithm's adapt on their recorded episodes)
     # take turns of 5 steps, 4 a 20-step episode: 6 policies, then twice the best.
-    library_cfg = validate_config(
-        _document(
-            data,
-            tmp_path,
-            algorithm,
-            "evaluation.context=online",
-            "evaluation.context_episodes=2",
-            "evaluation.context_explore=library",
-            "evaluation.context_score_steps=3",
-            "tasks.support_window=5",
-        )
+    library_cfg = online_context(
+        "evaluation.context_explore=library",
+        "evaluation.context_score_steps=3",
+        "tasks.support_window=5",
     )
     library = evaluate(library_cfg, trained.learner_state, datasets.heldout, train=datasets.train)
     assert library.context == (

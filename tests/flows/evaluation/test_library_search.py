@@ -22,7 +22,7 @@ from flows.config import MetaTrainConfig
 from flows.evaluation import library_search
 from flows.evaluation.environments import heldout_envs
 from flows.evaluation.library_search import LibraryTurns
-from flows.evaluation.online_context import OnlineContext, collect_online_context
+from flows.evaluation.online_context import collect_online_context
 from flows.stages.task_checks import support_options
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import task_slice
@@ -31,7 +31,8 @@ from pipeline.reads.episodes import inspect_episodes, read_episodes
 from pipeline.streams.collate import finalize
 from pipeline.synthetic import PointRobotTasks, generate
 from pipeline.tasks.samples import read_task_samples, task_samples
-from tests.helpers.flow_runs import tiny_config
+from tests.helpers.flow_runs import online_context_learner, tiny_config
+from tests.helpers.rollout_spy import spy_roll_outs
 from tests.helpers.tolerances import largest, rounding_tolerance
 
 WINDOW = 7
@@ -40,12 +41,7 @@ EPISODES = 5
 SCORE = 3
 TASKS = ["heldout-00000", "heldout-00001"]
 LIBRARY = [
-    "learners.algorithm=context",
-    "learners.modules.default_policy.model.head=deterministic",
-    "learners.modules.encoder={obs_dim: 7, action_dim: 8, model: {hidden_sizes: [8]}}",
-    "tasks.support_from=episodes",
-    f"tasks.support_window={WINDOW}",
-    "evaluation.context=online",
+    *online_context_learner(WINDOW),
     "evaluation.context_explore=library",
     f"evaluation.context_episodes={EPISODES}",
     f"evaluation.context_score_steps={SCORE}",
@@ -99,14 +95,7 @@ def _steps(recorder: Any, start: int, stop: int) -> dict[str, torch.Tensor]:
 def test_each_training_policy_acts_one_window_then_the_best_and_the_best_window_is_the_context(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ran: list[list[Any]] = []
-    real_roll_out = library_search.roll_out
-
-    def recording(rows: list[Any], policy: Any, **kwargs: Any) -> Any:
-        ran.append(list(rows))  # every task's recorder of this episode, in task order
-        return real_roll_out(rows, policy, **kwargs)
-
-    monkeypatch.setattr(library_search, "roll_out", recording)
+    ran = spy_roll_outs(monkeypatch, library_search)
     cfg, learner, heldout, samples = _setup(data, tmp_path)
     context = collect_online_context(
         cfg,
@@ -121,6 +110,8 @@ def test_each_training_policy_acts_one_window_then_the_best_and_the_best_window_
         f"policies, {WINDOW} steps each, scored by the mean reward of their last {SCORE}; "
         "context: the best window)"
     )
+    assert context.library == LibraryTurns(policies=12, steps=WINDOW, score_steps=SCORE)
+    assert context.steps == WINDOW and len(context.returns) == EPISODES * len(TASKS)
     policies = _library(cfg, learner, data)
     # Windows [0, 7), [7, 14), [14, 20) of each episode: 15, the first 12 one policy each.
     bounds = [(e, a, min(a + WINDOW, EPISODE)) for e in range(EPISODES) for a in (0, 7, 14)]
@@ -157,20 +148,3 @@ def test_library_without_the_training_data_is_refused(data: Path, tmp_path: Path
         "evaluation.context_explore 'library' draws its policies from the training tasks: "
         "pass their data (train=)"
     )
-
-
-@pytest.mark.usefixtures("ray_session")
-def test_the_context_records_what_the_library_did(data: Path, tmp_path: Path) -> None:
-    cfg, learner, heldout, samples = _setup(data, tmp_path)
-    context: OnlineContext = collect_online_context(
-        cfg,
-        learner,
-        TASKS,
-        heldout_envs(cfg, heldout),
-        samples.arrays,
-        train=read_episodes(data / "train"),
-    )
-    assert context.library == LibraryTurns(policies=12, steps=WINDOW, score_steps=SCORE)
-    assert context.steps == WINDOW
-    assert context.lengths == [EPISODE] * (EPISODES * len(TASKS))
-    assert len(context.returns) == EPISODES * len(TASKS)

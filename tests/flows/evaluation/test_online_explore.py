@@ -13,7 +13,6 @@ on the tiny point robot, untrained: the tests show who acts, not learning.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -29,19 +28,13 @@ from learners.meta.meta_batch import task_slice
 from pipeline.consumer import predict
 from pipeline.reads.episodes import inspect_episodes
 from pipeline.tasks.samples import read_task_samples
-from tests.helpers.flow_runs import tiny_config, tiny_point_robot
+from tests.helpers.flow_runs import online_context_learner, tiny_config, tiny_point_robot
+from tests.helpers.rollout_spy import spy_roll_outs
 from tests.helpers.tolerances import largest, rounding_tolerance
 
 WINDOW = 7
 TASKS = ["heldout-00000", "heldout-00001"]
-CONTEXT_LEARNER = [
-    "learners.algorithm=context",
-    "learners.modules.default_policy.model.head=deterministic",
-    "learners.modules.encoder={obs_dim: 7, action_dim: 8, model: {hidden_sizes: [8]}}",
-    "tasks.support_from=episodes",
-    f"tasks.support_window={WINDOW}",
-    "evaluation.context=online",
-]
+CONTEXT_LEARNER = online_context_learner(WINDOW)
 
 
 @pytest.fixture(scope="module")
@@ -116,14 +109,7 @@ def _window(recorder: Recorder) -> dict[str, dict[str, torch.Tensor]]:
 def test_refine_steps_each_belief_and_keeps_the_episode_with_the_highest_return(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ran: list[list[Any]] = []
-    real_roll_out = online_context.roll_out
-
-    def recording(rows: list[Any], policy: Any, **kwargs: Any) -> Any:
-        ran.append(list(rows))  # every task's recorder of this episode, in task order
-        return real_roll_out(rows, policy, **kwargs)
-
-    monkeypatch.setattr(online_context, "roll_out", recording)
+    ran = spy_roll_outs(monkeypatch, online_context)  # each episode's recorders, by task
     step = 2.5
     context, learner = _collect(
         data,
