@@ -41,7 +41,7 @@ from pipeline.rows.options import RowStream
 from pipeline.streams.collate import Batch, finalize
 from pipeline.streams.epoch_feed import EpochFeed
 from pipeline.streams.group import StreamGroup
-from pipeline.streams.slot import Batches, EpochEnd, LearnerSlot, Message
+from pipeline.streams.slot import Batches, Bundle, EpochEnd, LearnerSlot, Message
 from pipeline.streams.stall import StreamStalledError
 from pipeline.tasks.feed import TaskFeed, TaskWindowFeed
 from pipeline.tasks.grouping import TaskSamples
@@ -68,6 +68,8 @@ class LearnerStream:
         self._slot = slot
         self._group = group
         self._pending: deque[Batch] = deque()
+        self._messages: deque[Message] = deque()
+        """The rest of the last bundle taken from the queue."""
         self._live_take: object | None = None
         self._batches = 0
         self._epochs_completed = 0
@@ -208,6 +210,7 @@ class LearnerStream:
                 # After a restore, this learner may be ahead of the group's slowest one.
                 skipped = min(slot.discard, len(message.batches))
                 slot.discard -= skipped
+                slot.drawn += skipped
                 self._pending.extend(message.batches[skipped:])
             elif type(message) is EpochEnd:
                 slot.epoch += 1
@@ -218,12 +221,18 @@ class LearnerStream:
                 slot.failure = message.error
                 raise message.error
         slot.consumed += 1
+        slot.drawn += 1
         self._batches += 1
         self._group.board.active(self.name)
         return self._pending.popleft()
 
     def _next_message(self) -> Message:
         self._check_usable()
+        if not self._messages:
+            self._messages.extend(self._next_bundle())
+        return self._messages.popleft()
+
+    def _next_bundle(self) -> Bundle:
         board = self._group.board
         try:
             # Once another learner gave up on this split, this one stops too.

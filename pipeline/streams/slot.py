@@ -14,8 +14,12 @@ import queue
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-PREFETCH_DEALS = 2
-"""Deals a learner's queue holds before the producer waits for it."""
+PREFETCH_BUNDLES = 2
+"""Bundles a learner's queue holds before the producer waits for it."""
+
+BUNDLE_ROWS = 16384
+"""Rows of batches the producer gathers into one bundle while the learner has others to
+take (``pipeline.streams.group``)."""
 
 
 class Batches(NamedTuple):
@@ -39,6 +43,9 @@ class Failed(NamedTuple):
 
 Message = Batches | EpochEnd | Failed
 
+Bundle = tuple[Message, ...]
+"""Messages handed over together, in order: what a learner's queue holds."""
+
 
 @dataclass(eq=False)
 class LearnerSlot:
@@ -46,8 +53,8 @@ class LearnerSlot:
 
     name: str
     rank: int
-    queue: queue.Queue[Message] = field(
-        default_factory=lambda: queue.Queue(maxsize=PREFETCH_DEALS), repr=False
+    queue: queue.Queue[Bundle] = field(
+        default_factory=lambda: queue.Queue(maxsize=PREFETCH_BUNDLES), repr=False
     )
     epoch: int = 0
     """The epoch the next batch handed out belongs to."""
@@ -55,6 +62,11 @@ class LearnerSlot:
     """Batches handed out in ``epoch``."""
     discard: int = 0
     """Batches still to drop before the next one handed out (set when the group starts)."""
+    dealt: int = 0
+    """Batches the producer has put in the queue, ever (the producer alone writes it)."""
+    drawn: int = 0
+    """Batches the stream has taken out of those, handed out or discarded, ever (the
+    stream alone writes it): ``dealt - drawn`` are still there for the learner."""
     closed: bool = False
     failure: BaseException | None = None
     """The error every later call of the stream raises again."""
