@@ -17,9 +17,11 @@ from typing import Any, NamedTuple
 PREFETCH_BUNDLES = 2
 """Bundles a learner's queue holds before the producer waits for it."""
 
-BUNDLE_ROWS = 16384
+BUNDLE_ROWS = 8192
 """Rows of batches the producer gathers into one bundle while the learner has others to
-take (``pipeline.streams.group``)."""
+take (``pipeline.streams.group``): half the task feed's deal (16,384 rows), so a feed whose
+deals are that large hands each over alone, as it did before bundles, and what is in flight
+stays within two bundles and the one being gathered."""
 
 
 class Batches(NamedTuple):
