@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from pipeline.streams import group as group_module
 from pipeline.streams.epoch_feed import Deal
 from pipeline.streams.group import StreamGroup
 from pipeline.streams.learner_stream import LearnerStream
+from pipeline.streams.slot import Batches, Bundle
 
 DEALS = 2
 
@@ -73,9 +75,9 @@ def test_small_epochs_are_handed_over_together_and_taken_as_dealt(
     queue = stream._slot.queue
     real_put = queue.put
 
-    def counting_put(bundle, *args, **kwargs):  # type: ignore[no-untyped-def]
-        handed.append(sum(len(m.batches) for m in bundle if hasattr(m, "batches")))
-        return real_put(bundle, *args, **kwargs)
+    def counting_put(bundle: Bundle, *args: Any, **kwargs: Any) -> None:
+        handed.append(sum(len(m.batches) for m in bundle if isinstance(m, Batches)))
+        real_put(bundle, *args, **kwargs)
 
     monkeypatch.setattr(queue, "put", counting_put)
     with stream:
