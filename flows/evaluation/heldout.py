@@ -37,12 +37,11 @@ from flows.evaluation.environments import HeldoutEnvs, heldout_envs
 from flows.evaluation.online_context import collect_online_context
 from flows.evaluation.task_rollouts import roll_out_tasks
 from flows.evaluation.trajectories import trajectories_of
-from flows.stages.task_checks import support_options
+from flows.stages.task_checks import context_samples
 from learners.meta.learner import MetaLearner
 from pipeline.reads.episodes import Episodes
 from pipeline.streams.collate import finalize
 from pipeline.tasks.grouping import TaskSamples
-from pipeline.tasks.samples import task_samples
 
 _log = logging.getLogger(__name__)
 
@@ -205,13 +204,7 @@ def evaluate(
     logger = logger or _log
     settings = cfg.evaluation
     learner = MetaLearner.from_state(learner_state, device=cfg.training.device)
-    samples = task_samples(
-        heldout,
-        **support_options(cfg, heldout=True),
-        modules_to_update=learner.config.data_modules,
-        skip_small_tasks=cfg.tasks.skip_small_tasks,
-        gamma=cfg.data.gamma,
-    )
+    samples = context_samples(cfg, heldout, learner.config.data_modules)
     if len(samples.module_ids) != 1:
         raise ValueError(
             f"held-out evaluation supports one module per dataset for now; the held-out data "

@@ -29,11 +29,10 @@ from flows.config import MetaTrainConfig
 from flows.evaluation.exploration_steps import Recorder, Slice
 from flows.evaluation.rollouts import Observed, Policy, PolicyActions, roll_out
 from flows.evaluation.task_rollouts import adapt_tasks
-from flows.stages.task_checks import support_options
+from flows.stages.task_checks import context_samples
 from learners.meta.learner import MetaLearner
 from pipeline.reads.episodes import Episodes
 from pipeline.streams.collate import finalize
-from pipeline.tasks.samples import task_samples
 
 
 def library(
@@ -41,13 +40,7 @@ def library(
 ) -> dict[str, torch.Tensor]:
     """Up to ``size`` training tasks' adapted parameters of the rollout module (module
     docstring), stacked ``[policies, ...]`` per name, in the training tasks' order."""
-    samples = task_samples(
-        train,
-        **support_options(cfg, heldout=True),
-        modules_to_update=learner.config.data_modules,
-        skip_small_tasks=cfg.tasks.skip_small_tasks,
-        gamma=cfg.data.gamma,
-    )
+    samples = context_samples(cfg, train, learner.config.data_modules)
     batch, _ = samples.one_per_task(size, seed=cfg.evaluation.seed)
     support = finalize(batch, learner.device, obs_layout=train.schema.obs_layout)["support"]
     module = learner.config.rollout_module

@@ -134,8 +134,11 @@ def collect_online_context(
         )
 
     search = None
+    # Each task's recorded steps that the support set is cut from.
+    chosen: Sequence[Sequence[Recorded]] = episodes
     if settings.context_explore == "library":
         search = explore_with_library(cfg, learner, episodes, actions, train, starts)
+        chosen = [[best] for best in search.best()]
     elif settings.context_explore == "prior":
         roll_out([r for task in episodes for r in task], unadapted, seed=starts, max_steps=steps)
     elif settings.context_explore == "posterior":
@@ -155,28 +158,26 @@ def collect_online_context(
                 belief = _step_towards(belief, meta, adapted, settings.context_refine_step)
             policy = unadapted if belief is None else actions.per_episode(belief)
             roll_out([task[episode] for task in episodes], policy, seed=starts, max_steps=steps)
+        chosen = [[max(task, key=_return)] for task in episodes]
     for recorder in (r for task in episodes for r in task):
         recorder.close()
-    returns = [[float(np.sum(r.steps["rewards"])) for r in task] for task in episodes]
+    final = cut(chosen)
     refine = settings.context_explore == "refine"
-    if search is not None:
-        final = cut([[best] for best in search.best()])
-    elif refine:
-        final = cut(
-            [[task[int(np.argmax(got))]] for task, got in zip(episodes, returns, strict=True)]
-        )
-    else:
-        final = cut(episodes)
     return OnlineContext(
         support=final.support,
         episodes=count,
         steps=final.steps,
         explore=settings.context_explore,
         lengths=[r.length for task in episodes for r in task],
-        returns=[value for task in returns for value in task],
+        returns=[_return(r) for task in episodes for r in task],
         refine_step=settings.context_refine_step if refine else None,
         library=None if search is None else search.turns,
     )
+
+
+def _return(recorder: Recorder) -> float:
+    """An exploration episode's undiscounted return."""
+    return float(np.sum(recorder.steps["rewards"]))
 
 
 def _step_towards(

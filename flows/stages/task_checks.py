@@ -17,8 +17,8 @@ checks); the stages keep their own checks for callers that skip this one.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,11 @@ from flows.config import MetaTrainConfig
 from flows.evaluation.environments import heldout_envs
 from pipeline.contract.schema import DEFAULT_MODULE_ID, DEFAULT_TASK_ID, DatasetError
 from pipeline.io.arrow_columns import decoded
+
+if TYPE_CHECKING:
+    from pipeline.reads.episodes import Episodes
+    from pipeline.tasks.grouping import TaskSamples
+    from pipeline.tasks.windows import TaskWindows
 from pipeline.reads.episodes import DatasetInfo
 from pipeline.tasks.episodes import (
     EpisodeSupport,
@@ -88,6 +93,23 @@ def support_options(cfg: MetaTrainConfig, *, heldout: bool = False) -> dict[str,
     if episodes is None:
         return {"support": cfg.tasks.support, "query": cfg.tasks.query}
     return {"episode_support": episodes, "query": cfg.tasks.query}
+
+
+def context_samples(
+    cfg: MetaTrainConfig, data: Episodes, modules: Sequence[str]
+) -> TaskSamples | TaskWindows:
+    """``data``'s task samples of ``modules`` with a held-out task's context as support set
+    (``support_options`` with ``heldout``): what held-out evaluation adapts on, and what the
+    library of online exploration adapts its training tasks' policies on."""
+    from pipeline.tasks.samples import task_samples
+
+    return task_samples(
+        data,
+        **support_options(cfg, heldout=True),
+        modules_to_update=modules,
+        skip_small_tasks=cfg.tasks.skip_small_tasks,
+        gamma=cfg.data.gamma,
+    )
 
 
 def _check_episodes(

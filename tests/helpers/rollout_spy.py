@@ -1,11 +1,17 @@
-"""A spy on a module's ``roll_out``: the environments of every call, in order."""
+"""A spy on a module's ``roll_out`` (the environments of every call, in order), and the
+steps an exploration episode's recorder kept, as tensors."""
 
 from __future__ import annotations
 
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
+
+READ = ("obs", "actions", "rewards", "new_obs")
+"""The columns the tests' context learner reads."""
 
 
 def spy_roll_outs(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> list[list[Any]]:
@@ -20,3 +26,11 @@ def spy_roll_outs(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> list[l
 
     monkeypatch.setattr(module, "roll_out", recording)
     return calls
+
+
+def recorded_steps(recorder: Any, start: int, stop: int) -> dict[str, torch.Tensor]:
+    """Steps ``[start, stop)`` of ``recorder``'s episode, the columns of ``READ``, float32."""
+    return {
+        name: torch.as_tensor(np.asarray(recorder.steps[name][start:stop]), dtype=torch.float32)
+        for name in READ
+    }

@@ -23,16 +23,16 @@ from flows.evaluation import library_search
 from flows.evaluation.environments import heldout_envs
 from flows.evaluation.library_search import LibraryTurns
 from flows.evaluation.online_context import collect_online_context
-from flows.stages.task_checks import support_options
+from flows.stages.task_checks import context_samples
 from learners.meta.learner import MetaLearner
 from learners.meta.meta_batch import task_slice
 from pipeline.consumer import predict
 from pipeline.reads.episodes import inspect_episodes, read_episodes
 from pipeline.streams.collate import finalize
 from pipeline.synthetic import PointRobotTasks, generate
-from pipeline.tasks.samples import read_task_samples, task_samples
+from pipeline.tasks.samples import read_task_samples
 from tests.helpers.flow_runs import online_context_learner, tiny_config
-from tests.helpers.rollout_spy import spy_roll_outs
+from tests.helpers.rollout_spy import recorded_steps, spy_roll_outs
 from tests.helpers.tolerances import largest, rounding_tolerance
 
 WINDOW = 7
@@ -71,23 +71,11 @@ def _setup(data: Path, work: Path) -> tuple[MetaTrainConfig, MetaLearner, Any, A
 def _library(cfg: MetaTrainConfig, learner: MetaLearner, data: Path) -> list[dict[str, Any]]:
     """Every training task's policy, adapted one task at a time on the context a held-out
     task would get offline, in the training tasks' order."""
-    samples = task_samples(
-        read_episodes(data / "train"),
-        **support_options(cfg, heldout=True),
-        modules_to_update=["default_policy"],
-        gamma=cfg.data.gamma,
-    )
+    samples = context_samples(cfg, read_episodes(data / "train"), ["default_policy"])
     batch, ids = samples.one_per_task(100, seed=cfg.evaluation.seed)
     assert len(ids) == 12
     support = finalize(batch, "cpu")["support"]
     return [learner.adapt(None, task_slice(support, i), 1) for i in range(len(ids))]
-
-
-def _steps(recorder: Any, start: int, stop: int) -> dict[str, torch.Tensor]:
-    return {
-        name: torch.as_tensor(np.asarray(recorder.steps[name][start:stop]), dtype=torch.float32)
-        for name in ("obs", "actions", "rewards", "new_obs")
-    }
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -121,7 +109,7 @@ def test_each_training_policy_acts_one_window_then_the_best_and_the_best_window_
         scores = [float(np.mean(ran[e][task].steps["rewards"][a:b][-SCORE:])) for e, a, b in bounds]
         best = int(np.argmax(scores[:12]))
         for j, (episode, start, stop) in enumerate(bounds):
-            steps = _steps(ran[episode][task], start, stop)
+            steps = recorded_steps(ran[episode][task], start, stop)
             chosen = policies[j] if j < 12 else policies[best]
             expected = predict(learner, steps["obs"], params=chosen)
             # An encoder of 7-8-8 over up to 20 transitions, their mean with the prior, then
@@ -134,7 +122,7 @@ def test_each_training_policy_acts_one_window_then_the_best_and_the_best_window_
             wrong = predict(learner, steps["obs"], params=other)
             assert (steps["actions"] - wrong).abs().max() > 10 * tolerance, (task, j)
         episode, start, stop = bounds[int(np.argmax(scores))]
-        window = _steps(ran[episode][task], start, stop)
+        window = recorded_steps(ran[episode][task], start, stop)
         for name, values in window.items():
             found = context.support["default_policy"][name][task]
             torch.testing.assert_close(found.reshape(values.shape).float(), values)

@@ -29,7 +29,7 @@ from pipeline.consumer import predict
 from pipeline.reads.episodes import inspect_episodes
 from pipeline.tasks.samples import read_task_samples
 from tests.helpers.flow_runs import online_context_learner, tiny_config, tiny_point_robot
-from tests.helpers.rollout_spy import spy_roll_outs
+from tests.helpers.rollout_spy import recorded_steps, spy_roll_outs
 from tests.helpers.tolerances import largest, rounding_tolerance
 
 WINDOW = 7
@@ -98,11 +98,7 @@ def test_one_exploration_episode_gives_the_same_support_in_both_modes(
 
 def _window(recorder: Recorder) -> dict[str, dict[str, torch.Tensor]]:
     """One exploration episode's first WINDOW steps as one task's support set."""
-    steps = {
-        name: torch.as_tensor(np.asarray(recorder.steps[name][:WINDOW]), dtype=torch.float32)
-        for name in ("obs", "actions", "rewards", "new_obs")
-    }
-    return {"default_policy": steps}
+    return {"default_policy": recorded_steps(recorder, 0, WINDOW)}
 
 
 @pytest.mark.timeout(60)
